@@ -1,0 +1,110 @@
+-- akadze schema, version 0001. "{{schema}}" is replaced by the quoted schema name.
+
+CREATE TABLE {{schema}}.jobs (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  task text NOT NULL,
+  queue text NOT NULL DEFAULT 'default',
+  priority smallint NOT NULL DEFAULT 0,
+  state text NOT NULL DEFAULT 'queued',
+  args jsonb NOT NULL DEFAULT '{}'::jsonb,
+  meta jsonb NOT NULL DEFAULT '{}'::jsonb,
+  run_count integer NOT NULL DEFAULT 0,
+  attempt integer NOT NULL DEFAULT 0,
+  max_attempts integer NOT NULL DEFAULT 3,
+  snoozes integer NOT NULL DEFAULT 0,
+  run_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz,
+  unique_key text,
+  limit_key text,
+  worker_id text,
+  cancel_requested_at timestamptz,
+  errors jsonb NOT NULL DEFAULT '[]'::jsonb,
+  result jsonb,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  started_at timestamptz,
+  finished_at timestamptz,
+  CONSTRAINT jobs_state_check
+    CHECK (state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+  CONSTRAINT jobs_task_check CHECK (length(task) BETWEEN 1 AND 200),
+  CONSTRAINT jobs_queue_check CHECK (queue ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+  CONSTRAINT jobs_counters_check
+    CHECK (run_count >= 0 AND attempt >= 0 AND snoozes >= 0 AND max_attempts >= 1),
+  CONSTRAINT jobs_attempt_check CHECK (attempt <= max_attempts),
+  CONSTRAINT jobs_running_check CHECK (state <> 'running' OR worker_id IS NOT NULL),
+  CONSTRAINT jobs_finished_check
+    CHECK ((state IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+  CONSTRAINT jobs_args_check CHECK (jsonb_typeof(args) = 'object'),
+  CONSTRAINT jobs_errors_check CHECK (jsonb_typeof(errors) = 'array'),
+  CONSTRAINT jobs_unique_key_check CHECK (unique_key IS NULL OR length(unique_key) BETWEEN 1 AND 500),
+  CONSTRAINT jobs_limit_key_check CHECK (limit_key IS NULL OR length(limit_key) BETWEEN 1 AND 500)
+);
+
+-- Shaped like the claim: ready rows of one queue in claim order.
+CREATE INDEX jobs_claim_idx ON {{schema}}.jobs (queue, priority DESC, run_at, id)
+  WHERE state = 'queued';
+-- Rescue and shutdown find a worker's running jobs.
+CREATE INDEX jobs_running_worker_idx ON {{schema}}.jobs (worker_id)
+  WHERE state = 'running';
+-- maxRunning counts running jobs per limit key.
+CREATE INDEX jobs_running_limit_idx ON {{schema}}.jobs (limit_key)
+  WHERE state = 'running' AND limit_key IS NOT NULL;
+-- At most one active job per unique key.
+CREATE UNIQUE INDEX jobs_unique_key_idx ON {{schema}}.jobs (unique_key)
+  WHERE state IN ('queued', 'running') AND unique_key IS NOT NULL;
+-- The pruner deletes old terminal jobs.
+CREATE INDEX jobs_finished_idx ON {{schema}}.jobs (finished_at)
+  WHERE state IN ('succeeded', 'failed', 'cancelled');
+
+-- A queue table churns: vacuum early and often, leave room for updates in place.
+ALTER TABLE {{schema}}.jobs SET (
+  fillfactor = 90,
+  autovacuum_vacuum_scale_factor = 0.01,
+  autovacuum_vacuum_threshold = 500,
+  autovacuum_vacuum_insert_scale_factor = 0.05,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_cost_delay = 1
+);
+
+CREATE TABLE {{schema}}.workers (
+  id text PRIMARY KEY,
+  hostname text NOT NULL,
+  pid integer NOT NULL,
+  queues text[] NOT NULL,
+  started_at timestamptz NOT NULL DEFAULT now(),
+  heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per schedule fire; job_id NULL means the fire was skipped (overlap: false).
+CREATE TABLE {{schema}}.periodic_runs (
+  name text NOT NULL,
+  fire_at timestamptz NOT NULL,
+  job_id bigint,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (name, fire_at)
+);
+CREATE INDEX periodic_runs_created_idx ON {{schema}}.periodic_runs (created_at);
+
+CREATE TABLE {{schema}}.queue_pauses (
+  queue text PRIMARY KEY,
+  paused_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE {{schema}}.limits (
+  key text PRIMARY KEY,
+  max_running integer,
+  max_starts integer,
+  "window" interval,
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT limits_max_running_check CHECK (max_running IS NULL OR max_running >= 1),
+  CONSTRAINT limits_max_starts_check CHECK (max_starts IS NULL OR max_starts >= 1),
+  CONSTRAINT limits_window_check CHECK ("window" IS NULL OR "window" > interval '0'),
+  CONSTRAINT limits_rate_check CHECK ((max_starts IS NULL) = ("window" IS NULL))
+);
+
+-- One mark per successful claim of a job whose key has a maxStarts limit.
+CREATE TABLE {{schema}}.limit_starts (
+  key text NOT NULL,
+  started_at timestamptz NOT NULL DEFAULT now(),
+  job_id bigint NOT NULL
+);
+CREATE INDEX limit_starts_key_idx ON {{schema}}.limit_starts (key, started_at);

@@ -1,0 +1,52 @@
+/**
+ * What every CLI command shares: usage errors, the database URL from the environment,
+ * and one-line, credential-free error output.
+ *
+ * @module
+ */
+import { parseArgs, type ParseArgsConfig } from "node:util";
+import { describeError, urlPassword } from "../db.ts";
+
+/** A command-line usage error: printed as one line, exit code 2. */
+export class UsageError extends Error {
+  /** @param message What is wrong with the command line. */
+  constructor(message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
+/** The environment variable every command reads the database URL from. */
+export const DATABASE_URL_ENV = "AKADZE_DATABASE_URL";
+
+/** The database URL from `AKADZE_DATABASE_URL`; a usage error when unset. */
+export function databaseUrl(): string {
+  const url = Deno.env.get(DATABASE_URL_ENV);
+  if (!url) {
+    throw new UsageError(
+      `${DATABASE_URL_ENV} is not set (export ${DATABASE_URL_ENV}=postgres://user:pass@host/db)`,
+    );
+  }
+  return url;
+}
+
+/** Parse a command's flags strictly; unknown flags and missing values are usage errors. */
+export function parseFlags<T extends NonNullable<ParseArgsConfig["options"]>>(
+  args: string[],
+  options: T,
+  allowPositionals = false,
+): ReturnType<typeof parseArgs<{ args: string[]; options: T; allowPositionals: boolean }>> {
+  try {
+    return parseArgs({ args, options, allowPositionals, strict: true });
+  } catch (error) {
+    throw new UsageError(error instanceof Error ? error.message : String(error));
+  }
+}
+
+/** Print an error as one line on stderr and return its exit code (2 usage, 1 failure). */
+export function reportError(error: unknown): number {
+  const url = Deno.env.get(DATABASE_URL_ENV);
+  const password = url ? urlPassword(url) : undefined;
+  console.error(`error: ${describeError(error, password ? [password] : [])}`);
+  return error instanceof UsageError ? 2 : 1;
+}

@@ -1,0 +1,175 @@
+/**
+ * The PostgreSQL connection factory, credential redaction, the schema-name rule and the
+ * transient-error classifier shared by every part of akadze.
+ *
+ * @module
+ */
+import postgres from "postgres";
+import { AkadzeError } from "./errors.ts";
+
+/** A postgres.js instance (or a transaction of one), as akadze accepts it. */
+export type Sql = postgres.Sql;
+/** A postgres.js transaction handle, as given to `sql.begin` callbacks. */
+export type TransactionSql = postgres.TransactionSql;
+
+/** Options of {@linkcode connect}. */
+export interface ConnectOptions {
+  /** Pool size. Default 10. */
+  max?: number;
+  /** Use prepared statements. Default false, so a PgBouncer in transaction mode can sit in front. */
+  prepare?: boolean;
+  /** `application_name` reported to the server. Default `"akadze"`. */
+  applicationName?: string;
+  /** Seconds an idle connection stays open. Default 30. */
+  idleTimeout?: number;
+  /** Seconds to wait for a connection. Default 10. */
+  connectTimeout?: number;
+}
+
+/** The schema name used when none is given. */
+export const DEFAULT_SCHEMA = "akadze";
+
+/**
+ * Open a postgres.js pool with akadze's defaults: no prepared statements, an application
+ * name, bounded idle and connect timeouts, notices silenced.
+ *
+ * @example
+ * ```ts ignore
+ * import { connect } from "@akadze/akadze";
+ * const sql = connect(Deno.env.get("AKADZE_DATABASE_URL")!);
+ * await sql`select 1`;
+ * await sql.end();
+ * ```
+ */
+export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql {
+  if (typeof databaseUrl !== "string" || !/^postgres(ql)?:\/\//.test(databaseUrl)) {
+    throw new AkadzeError("databaseUrl must be a postgres:// or postgresql:// URL");
+  }
+  return postgres(databaseUrl, {
+    max: options.max ?? 10,
+    prepare: options.prepare ?? false,
+    idle_timeout: options.idleTimeout ?? 30,
+    connect_timeout: options.connectTimeout ?? 10,
+    max_lifetime: 60 * 30,
+    onnotice: () => {},
+    connection: { application_name: options.applicationName ?? "akadze" },
+  });
+}
+
+const URL_CREDENTIALS = /([a-z][a-z0-9+.-]*:\/\/[^:/?#@\s]*):[^@/\s]*@/gi;
+const PASSWORD_PARAM = /(password=)[^&\s'"]*/gi;
+
+/**
+ * Remove credentials from a text: the password of any URL in it, `password=` parameters,
+ * and each of the given secrets.
+ *
+ * @example
+ * ```ts
+ * import { redact } from "@akadze/akadze";
+ * redact("postgres://app:s3cret@db/app"); // "postgres://app:***@db/app"
+ * ```
+ */
+export function redact(text: string, secrets: readonly string[] = []): string {
+  let out = String(text).replace(URL_CREDENTIALS, "$1:***@").replace(PASSWORD_PARAM, "$1***");
+  for (const secret of secrets) {
+    if (secret.length >= 3) out = out.split(secret).join("***");
+  }
+  return out;
+}
+
+/** The password of a database URL, or undefined (used to redact messages). */
+export function urlPassword(databaseUrl: string): string | undefined {
+  try {
+    const password = new URL(databaseUrl).password;
+    return password ? decodeURIComponent(password) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
+
+/**
+ * Validate a schema name and return it double-quoted for SQL. Only lower-case letters,
+ * digits and underscores are accepted (at most 63 bytes, not starting with a digit, not
+ * `pg_`-prefixed), so the name means the same quoted and unquoted.
+ *
+ * @example
+ * ```ts
+ * import { quoteSchema } from "@akadze/akadze";
+ * quoteSchema("akadze"); // '"akadze"'
+ * ```
+ */
+export function quoteSchema(schema: string): string {
+  if (typeof schema !== "string" || !SCHEMA_NAME.test(schema) || schema.startsWith("pg_")) {
+    throw new AkadzeError(
+      "schema must be a lower-case identifier: letters, digits and _, at most 63 characters, " +
+        "not starting with a digit or pg_",
+    );
+  }
+  return `"${schema}"`;
+}
+
+const TRANSIENT_SQLSTATES = new Set(["57P01", "57P02", "57P03", "53300", "40001", "40P01"]);
+const TRANSIENT_DRIVER_CODES = new Set([
+  "CONNECTION_CLOSED",
+  "CONNECTION_ENDED",
+  "CONNECTION_DESTROYED",
+  "CONNECT_TIMEOUT",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN",
+]);
+const TRANSIENT_DENO_ERRORS = new Set([
+  "ConnectionRefused",
+  "ConnectionReset",
+  "ConnectionAborted",
+  "BrokenPipe",
+  "TimedOut",
+]);
+
+/**
+ * Whether a database error is transient (worth retrying with backoff): connection
+ * exceptions (SQLSTATE class 08), admin/crash shutdown and cannot-connect-now
+ * (57P01/57P02/57P03), too many connections (53300), serialization failure (40001),
+ * deadlock (40P01), and the driver's and runtime's connection errors.
+ *
+ * @example
+ * ```ts
+ * import { isTransientError } from "@akadze/akadze";
+ * isTransientError(Object.assign(new Error("x"), { code: "40P01" })); // true
+ * ```
+ */
+export function isTransientError(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e && depth < 5; depth++) {
+    if (typeof e !== "object") return false;
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string") {
+      if (/^[0-9A-Z]{5}$/.test(code)) {
+        if (code.startsWith("08") || TRANSIENT_SQLSTATES.has(code)) return true;
+      } else if (TRANSIENT_DRIVER_CODES.has(code)) return true;
+    }
+    const name = (e as { name?: unknown }).name;
+    if (typeof name === "string" && TRANSIENT_DENO_ERRORS.has(name)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/** A one-line, credential-free description of an error, for logs and CLI output. */
+export function describeError(error: unknown, secrets: readonly string[] = []): string {
+  let text: string;
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    text = error.message || error.name;
+    if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
+  } else {
+    text = String(error);
+  }
+  return redact(text.replace(/\s+/g, " ").trim(), secrets);
+}

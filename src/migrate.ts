@@ -1,0 +1,152 @@
+/**
+ * Schema migrations: the SQL files of `migrations/`, embedded with text imports so they
+ * travel with a checkout, the JSR package and a compiled binary.
+ *
+ * @module
+ */
+import init from "../migrations/0001_init.sql" with { type: "text" };
+import {
+  connect,
+  DEFAULT_SCHEMA,
+  describeError,
+  quoteSchema,
+  type Sql,
+  urlPassword,
+} from "./db.ts";
+import { MigrateError } from "./errors.ts";
+
+/** One schema version: its name and SQL (with `{{schema}}` placeholders). */
+export interface Migration {
+  version: string;
+  sql: string;
+}
+
+/** Every schema version, in the order they apply. */
+const MIGRATIONS: readonly Migration[] = [{ version: "0001_init", sql: init }];
+
+/** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */
+export interface MigrateOptions {
+  /** The schema that holds akadze's tables. Default `"akadze"`. */
+  schema?: string;
+}
+
+/** The versions this release knows, oldest first. */
+export function knownVersions(): string[] {
+  return MIGRATIONS.map((m) => m.version);
+}
+
+/**
+ * Bring the schema up to date: creates it when missing and applies each pending version
+ * once, all in one transaction under a transaction-scoped advisory lock, so concurrent
+ * callers (several workers deploying at once) are safe. Returns the versions applied now
+ * (empty when the schema was up to date).
+ *
+ * @example
+ * ```ts ignore
+ * import { migrate } from "@akadze/akadze";
+ * const applied = await migrate(Deno.env.get("AKADZE_DATABASE_URL")!);
+ * console.log(applied.length ? applied : "schema up to date");
+ * ```
+ */
+export async function migrate(
+  database: string | Sql,
+  options: MigrateOptions = {},
+): Promise<string[]> {
+  return await applyMigrations(database, MIGRATIONS, options);
+}
+
+/**
+ * Apply the given migrations (the mechanism behind {@linkcode migrate}; tests use it with
+ * their own lists).
+ */
+export async function applyMigrations(
+  database: string | Sql,
+  migrations: readonly Migration[],
+  options: MigrateOptions = {},
+): Promise<string[]> {
+  const schema = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
+  return await withSql(database, async (sql) => {
+    let current = "";
+    try {
+      return await sql.begin(async (tx) => {
+        await tx`select pg_advisory_xact_lock(hashtextextended(${"akadze:migrate:" + schema}, 0))`;
+        await tx.unsafe(`create schema if not exists ${schema}`);
+        await tx.unsafe(
+          `create table if not exists ${schema}.schema_migrations (
+             version text primary key,
+             applied_at timestamptz not null default now())`,
+        );
+        const rows = await tx.unsafe(`select version from ${schema}.schema_migrations`);
+        const done = new Set(rows.map((r) => r.version as string));
+        const applied: string[] = [];
+        for (const migration of migrations) {
+          if (done.has(migration.version)) continue;
+          current = migration.version;
+          // No parameters: postgres.js sends it as a simple query, so $$ bodies and many
+          // statements in one file work.
+          await tx.unsafe(migration.sql.replaceAll("{{schema}}", schema));
+          await tx.unsafe(`insert into ${schema}.schema_migrations (version) values ($1)`, [
+            migration.version,
+          ]);
+          applied.push(migration.version);
+        }
+        return applied;
+      });
+    } catch (error) {
+      const where = current ? ` while applying ${current}` : "";
+      throw new MigrateError(
+        `migration failed${where}: ${describeError(error, secretsOf(database))}`,
+        { cause: error },
+      );
+    }
+  });
+}
+
+/**
+ * The versions recorded in the schema, oldest first. Read-only: an absent schema gives
+ * `[]` and nothing is created.
+ *
+ * @example
+ * ```ts ignore
+ * import { appliedVersions } from "@akadze/akadze";
+ * console.log(await appliedVersions(Deno.env.get("AKADZE_DATABASE_URL")!));
+ * ```
+ */
+export async function appliedVersions(
+  database: string | Sql,
+  options: MigrateOptions = {},
+): Promise<string[]> {
+  const schema = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
+  return await withSql(database, async (sql) => {
+    const [{ table }] = await sql`select to_regclass(${schema + ".schema_migrations"}) as table`;
+    if (table === null) return [];
+    const rows = await sql.unsafe(
+      `select version from ${schema}.schema_migrations order by version`,
+    );
+    return rows.map((r) => r.version as string);
+  });
+}
+
+/** The versions known to this release that the database does not have yet. */
+export async function pendingVersions(
+  database: string | Sql,
+  options: MigrateOptions = {},
+): Promise<string[]> {
+  const applied = new Set(await appliedVersions(database, options));
+  return knownVersions().filter((v) => !applied.has(v));
+}
+
+async function withSql<T>(database: string | Sql, fn: (sql: Sql) => Promise<T>): Promise<T> {
+  if (typeof database !== "string") return await fn(database);
+  const sql = connect(database, { max: 1 });
+  try {
+    return await fn(sql);
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+}
+
+function secretsOf(database: string | Sql): string[] {
+  const password = typeof database === "string" ? urlPassword(database) : undefined;
+  return password ? [password] : [];
+}

@@ -1,0 +1,134 @@
+/**
+ * Helpers for testing code that uses akadze against a real PostgreSQL.
+ *
+ * `createTestDatabase()` gives each test file a fresh, empty database: on the server of
+ * `AKADZE_DATABASE_URL` when it is set (its database must be named `akadze` or end in
+ * `_test`), otherwise on a throwaway server started for it.
+ *
+ * @example
+ * ```ts ignore
+ * import { createTestDatabase } from "@akadze/akadze/testing";
+ * import { migrate } from "@akadze/akadze";
+ *
+ * Deno.test("my task", async () => {
+ *   const db = await createTestDatabase({ name: "my_task" });
+ *   try {
+ *     await migrate(db.url);
+ *     // ... new Akadze({ databaseUrl: db.url }) ...
+ *   } finally {
+ *     await db.close();
+ *   }
+ * });
+ * ```
+ *
+ * @module
+ */
+import postgres from "postgres";
+import { describeError, urlPassword } from "./db.ts";
+import { AkadzeError } from "./errors.ts";
+import { startThrowawayPostgres, type ThrowawayPostgres } from "./throwaway_postgres.ts";
+
+export {
+  startThrowawayPostgres,
+  type ThrowawayPostgres,
+  type ThrowawayPostgresOptions,
+} from "./throwaway_postgres.ts";
+
+/** A database made for one test file. */
+export interface TestDatabase {
+  /** Connection URL of the new database. */
+  readonly url: string;
+  /** Its name (ends in `_test`). */
+  readonly name: string;
+  /** Drop the database (and stop the throwaway server if one was started for it). */
+  close(): Promise<void>;
+}
+
+/** Options of {@linkcode createTestDatabase}. */
+export interface TestDatabaseOptions {
+  /** A readable part of the database name, e.g. the test file's name. Default `"t"`. */
+  name?: string;
+  /** The server URL to use instead of `AKADZE_DATABASE_URL`. */
+  databaseUrl?: string;
+}
+
+/** The environment variable naming the database for tests. */
+export const DATABASE_URL_ENV = "AKADZE_DATABASE_URL";
+
+/**
+ * Refuse a database URL whose database is not `akadze` and does not end in `_test`, so a
+ * test run can never drop production data. Returns the database name.
+ *
+ * @example
+ * ```ts
+ * import { assertTestDatabaseUrl } from "@akadze/akadze/testing";
+ * assertTestDatabaseUrl("postgres://localhost/app_test"); // "app_test"
+ * ```
+ */
+export function assertTestDatabaseUrl(databaseUrl: string): string {
+  let name: string;
+  try {
+    name = decodeURIComponent(new URL(databaseUrl).pathname.slice(1));
+  } catch {
+    throw new AkadzeError(`${DATABASE_URL_ENV} is not a valid URL`);
+  }
+  if (name !== "akadze" && !name.endsWith("_test")) {
+    throw new AkadzeError(
+      `refusing to use database "${name}" for tests: its name must be "akadze" or end in ` +
+        `"_test" (tests create and drop databases on that server)`,
+    );
+  }
+  return name;
+}
+
+/**
+ * Create a fresh, empty database for one test file. Uses `AKADZE_DATABASE_URL`'s server
+ * when set (after {@linkcode assertTestDatabaseUrl}), else starts a throwaway server that
+ * `close()` stops.
+ *
+ * @example
+ * ```ts ignore
+ * import { createTestDatabase } from "@akadze/akadze/testing";
+ * const db = await createTestDatabase({ name: "billing" });
+ * await db.close();
+ * ```
+ */
+export async function createTestDatabase(
+  options: TestDatabaseOptions = {},
+): Promise<TestDatabase> {
+  let base = options.databaseUrl ?? Deno.env.get(DATABASE_URL_ENV);
+  let server: ThrowawayPostgres | undefined;
+  if (base) {
+    assertTestDatabaseUrl(base);
+  } else {
+    server = await startThrowawayPostgres();
+    base = server.url;
+  }
+  const slug = (options.name ?? "t").toLowerCase().replace(/[^a-z0-9]+/g, "_").slice(0, 30);
+  const name = `akadze_${slug}_${crypto.randomUUID().slice(0, 8)}_test`;
+  const admin = postgres(base, { max: 1, onnotice: () => {}, connect_timeout: 10 });
+  const secrets = [urlPassword(base) ?? ""].filter(Boolean);
+  try {
+    await admin.unsafe(`create database "${name}"`);
+  } catch (error) {
+    await admin.end({ timeout: 1 });
+    await server?.stop();
+    throw new AkadzeError(`could not create test database: ${describeError(error, secrets)}`);
+  }
+  const url = new URL(base);
+  url.pathname = `/${name}`;
+  let closed: Promise<void> | undefined;
+  return {
+    url: url.toString(),
+    name,
+    close: () =>
+      closed ??= (async () => {
+        try {
+          await admin.unsafe(`drop database if exists "${name}" with (force)`);
+        } finally {
+          await admin.end({ timeout: 1 });
+          await server?.stop();
+        }
+      })(),
+  };
+}

@@ -1,0 +1,75 @@
+// Shared by the test files: a fresh database per test, on the server `deno task test`
+// started (or AKADZE_DATABASE_URL's).
+import postgres from "postgres";
+import { migrate } from "../src/migrate.ts";
+import type { Sql } from "../src/db.ts";
+import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
+
+/** Run `fn` with a fresh database (migrated unless `migrated: false`) and a pool on it. */
+export async function withDatabase(
+  name: string,
+  fn: (db: TestDatabase, sql: Sql) => Promise<void>,
+  options: { migrated?: boolean } = {},
+): Promise<void> {
+  const db = await createTestDatabase({ name });
+  const sql = postgres(db.url, { max: 5, onnotice: () => {} });
+  try {
+    if (options.migrated !== false) await migrate(sql);
+    await fn(db, sql);
+  } finally {
+    await sql.end({ timeout: 1 });
+    await db.close();
+  }
+}
+
+/** Run the CLI in a subprocess and collect its output. */
+export async function runCli(
+  args: string[],
+  env: Record<string, string>,
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-net",
+      "--allow-env",
+      "--allow-sys=hostname",
+      "--allow-read",
+      new URL("../cli.ts", import.meta.url).pathname,
+      ...args,
+    ],
+    env: { NO_COLOR: "1", ...passthroughEnv(), ...env },
+    clearEnv: true,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const decoder = new TextDecoder();
+  return {
+    code: out.code,
+    stdout: decoder.decode(out.stdout),
+    stderr: decoder.decode(out.stderr),
+  };
+}
+
+/** Wait until `check` returns a truthy value, polling; fail after `timeoutMs`. */
+export async function waitFor<T>(
+  check: () => Promise<T> | T,
+  what: string,
+  timeoutMs = 15_000,
+): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+function passthroughEnv(): Record<string, string> {
+  const keep: Record<string, string> = {};
+  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR"]) {
+    const value = Deno.env.get(name);
+    if (value !== undefined) keep[name] = value;
+  }
+  return keep;
+}

@@ -1,0 +1,195 @@
+import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
+import { AkadzeError, MigrateError } from "../src/errors.ts";
+import { appliedVersions, applyMigrations, knownVersions, migrate } from "../src/migrate.ts";
+import type { Sql } from "../src/db.ts";
+import { quoteSchema } from "../src/db.ts";
+import { withDatabase } from "./_helpers.ts";
+
+async function catalog(sql: Sql, schema = "akadze") {
+  const tables = await sql`
+    select c.relname, c.reloptions from pg_class c join pg_namespace n on n.oid = c.relnamespace
+    where n.nspname = ${schema} and c.relkind = 'r' order by 1`;
+  const indexes = await sql`
+    select indexname, indexdef from pg_indexes where schemaname = ${schema} order by 1`;
+  const constraints = await sql`
+    select conname from pg_constraint c join pg_namespace n on n.oid = c.connamespace
+    where n.nspname = ${schema} order by 1`;
+  return {
+    tables: tables.map((r) => r.relname),
+    reloptions: Object.fromEntries(tables.map((r) => [r.relname, r.reloptions])),
+    indexes: Object.fromEntries(indexes.map((r) => [r.indexname, r.indexdef])),
+    constraints: constraints.map((r) => r.conname),
+  };
+}
+
+Deno.test("migrate creates every table, index and constraint of the schema", async () => {
+  await withDatabase("migrate_all", async (_db, sql) => {
+    const c = await catalog(sql);
+    assertEquals(c.tables, [
+      "jobs",
+      "limit_starts",
+      "limits",
+      "periodic_runs",
+      "queue_pauses",
+      "schema_migrations",
+      "workers",
+    ]);
+    for (
+      const name of [
+        "jobs_claim_idx",
+        "jobs_running_worker_idx",
+        "jobs_running_limit_idx",
+        "jobs_unique_key_idx",
+        "jobs_finished_idx",
+        "limit_starts_key_idx",
+        "periodic_runs_pkey",
+      ]
+    ) assert(c.indexes[name], `missing index ${name}`);
+    assert(c.indexes.jobs_claim_idx.includes("WHERE (state = 'queued'::text)"));
+    assert(c.indexes.jobs_claim_idx.includes("(queue, priority DESC, run_at, id)"));
+    assert(c.indexes.jobs_unique_key_idx.startsWith("CREATE UNIQUE INDEX"));
+    for (
+      const name of [
+        "jobs_state_check",
+        "jobs_counters_check",
+        "jobs_attempt_check",
+        "jobs_finished_check",
+        "jobs_running_check",
+        "limits_rate_check",
+      ]
+    ) assert(c.constraints.includes(name), `missing constraint ${name}`);
+    assert(
+      (c.reloptions.jobs as string[]).includes("autovacuum_vacuum_scale_factor=0.01"),
+      "jobs has tuned autovacuum",
+    );
+    assertEquals(await appliedVersions(sql), knownVersions());
+  });
+});
+
+Deno.test("the jobs constraints reject impossible rows", async () => {
+  await withDatabase("migrate_checks", async (_db, sql) => {
+    const bad = [
+      sql`insert into akadze.jobs (task, state) values ('t', 'lost')`,
+      sql`insert into akadze.jobs (task, attempt, max_attempts) values ('t', 4, 3)`,
+      sql`insert into akadze.jobs (task, max_attempts) values ('t', 0)`,
+      sql`insert into akadze.jobs (task, state) values ('t', 'running')`,
+      sql`insert into akadze.jobs (task, state) values ('t', 'succeeded')`,
+      sql`insert into akadze.jobs (task, args) values ('t', '[]')`,
+      sql`insert into akadze.jobs (task, queue) values ('t', 'has space')`,
+    ];
+    for (const query of bad) {
+      await assertRejects(() => query, (e: { code?: string }) => e.code === "23514");
+    }
+    await sql`insert into akadze.jobs (task, unique_key) values ('t', 'k')`;
+    await assertRejects(
+      () => sql`insert into akadze.jobs (task, unique_key) values ('t', 'k')`,
+      (e: { code?: string }) => e.code === "23505",
+    );
+  });
+});
+
+Deno.test("a second migrate changes nothing", async () => {
+  await withDatabase("migrate_twice", async (_db, sql) => {
+    const before = await catalog(sql);
+    assertEquals(await migrate(sql), []);
+    assertEquals(await catalog(sql), before);
+    const [{ n }] = await sql`select count(*)::int as n from akadze.schema_migrations`;
+    assertEquals(n, knownVersions().length);
+  });
+});
+
+Deno.test("concurrent migrates apply each version exactly once", async () => {
+  await withDatabase("migrate_race", async (db, sql) => {
+    const results = await Promise.all(Array.from({ length: 6 }, () => migrate(db.url)));
+    assertEquals(results.flat().sort(), knownVersions());
+    const rows = await sql`select version from akadze.schema_migrations`;
+    assertEquals(rows.map((r) => r.version), knownVersions());
+  }, { migrated: false });
+});
+
+Deno.test("a custom schema name holds the tables; the default schema is untouched", async () => {
+  await withDatabase("migrate_custom", async (_db, sql) => {
+    assertEquals(await migrate(sql, { schema: "tenant_queue" }), knownVersions());
+    const c = await catalog(sql, "tenant_queue");
+    assert(c.tables.includes("jobs"));
+    assertEquals(await appliedVersions(sql, { schema: "tenant_queue" }), knownVersions());
+    assertEquals(await appliedVersions(sql), []);
+    const [{ n }] = await sql`select count(*)::int as n from pg_namespace where nspname = 'akadze'`;
+    assertEquals(n, 0);
+  }, { migrated: false });
+});
+
+Deno.test("a hostile or invalid schema name is refused before anything runs", async () => {
+  await withDatabase("migrate_hostile", async (_db, sql) => {
+    const before = await sql`select count(*)::int as n from pg_namespace`;
+    for (
+      const name of [
+        'x"; drop table t; --',
+        "Akadze",
+        "1abc",
+        "",
+        "pg_akadze",
+        "a".repeat(64),
+        "a b",
+      ]
+    ) {
+      await assertRejects(() => migrate(sql, { schema: name }), AkadzeError);
+      await assertRejects(() => appliedVersions(sql, { schema: name }), AkadzeError);
+    }
+    assertEquals(await sql`select count(*)::int as n from pg_namespace`, before);
+    assertThrows(() => quoteSchema("ok; drop"), AkadzeError);
+  }, { migrated: false });
+});
+
+Deno.test("appliedVersions on an empty database returns [] and creates nothing", async () => {
+  await withDatabase("migrate_empty", async (db, sql) => {
+    assertEquals(await appliedVersions(db.url), []);
+    const [{ n }] = await sql`select count(*)::int as n from pg_namespace where nspname = 'akadze'`;
+    assertEquals(n, 0);
+  }, { migrated: false });
+});
+
+Deno.test("a migration with $$ function bodies and many statements applies", async () => {
+  await withDatabase("migrate_dollar", async (_db, sql) => {
+    const migrations = [{
+      version: "0001_fn",
+      sql: `create table {{schema}}.t (x int);
+            create function {{schema}}.twice(x int) returns int language plpgsql as $$
+            begin
+              return x * 2; -- a semicolon inside the body
+            end;
+            $$;
+            insert into {{schema}}.t values ({{schema}}.twice(21));`,
+    }];
+    assertEquals(await applyMigrations(sql, migrations, { schema: "fn_test" }), ["0001_fn"]);
+    const [{ x }] = await sql`select x from fn_test.t`;
+    assertEquals(x, 42);
+    assertEquals(await applyMigrations(sql, migrations, { schema: "fn_test" }), []);
+  }, { migrated: false });
+});
+
+Deno.test("a failing migration rolls back every version of the run", async () => {
+  await withDatabase("migrate_fail", async (_db, sql) => {
+    const migrations = [
+      { version: "0001_ok", sql: "create table {{schema}}.a (x int);" },
+      {
+        version: "0002_bad",
+        sql: "create table {{schema}}.b (x int); select nonsense from nowhere;",
+      },
+    ];
+    const error = await assertRejects(
+      () => applyMigrations(sql, migrations, { schema: "fail_test" }),
+      MigrateError,
+    );
+    assert(String(error.message).includes("0002_bad"), error.message);
+    assertEquals(await appliedVersions(sql, { schema: "fail_test" }), []);
+    const [{ t }] = await sql`select to_regclass('fail_test.a') as t`;
+    assertEquals(t, null);
+  }, { migrated: false });
+});
+
+Deno.test("migrate reports a refused connection without the password", async () => {
+  const url = "postgres://app:hunter2secret@127.0.0.1:1/app";
+  const error = await assertRejects(() => migrate(url), MigrateError);
+  assert(!error.message.includes("hunter2secret"), error.message);
+});

@@ -1,0 +1,58 @@
+import { assert, assertEquals, assertThrows } from "./assert.ts";
+import postgres from "postgres";
+import { AkadzeError } from "../src/errors.ts";
+import { assertTestDatabaseUrl, createTestDatabase } from "../src/testing.ts";
+import { withDatabase } from "./_helpers.ts";
+
+Deno.test("the database-name guard accepts akadze and *_test only", () => {
+  assertEquals(assertTestDatabaseUrl("postgres://u@h/akadze"), "akadze");
+  assertEquals(assertTestDatabaseUrl("postgres://u@h:5/app_test"), "app_test");
+  for (const url of ["postgres://u@h/app", "postgres://u@h/test_app", "postgres://u@h/", "nope"]) {
+    assertThrows(() => assertTestDatabaseUrl(url), AkadzeError);
+  }
+});
+
+Deno.test("createTestDatabase refuses a non-test database and creates nothing", async () => {
+  await withDatabase("guard", async (db, sql) => {
+    const before = await sql`select count(*)::int as n from pg_database`;
+    const prod = new URL(db.url);
+    prod.pathname = "/production";
+    let error: unknown = undefined;
+    try {
+      await createTestDatabase({ databaseUrl: prod.toString() });
+    } catch (e) {
+      error = e;
+    }
+    assert(error instanceof AkadzeError);
+    assert(error.message.includes('"production"'), error.message);
+    assertEquals(await sql`select count(*)::int as n from pg_database`, before);
+  }, { migrated: false });
+});
+
+Deno.test("each test database is fresh and is dropped by close()", async () => {
+  const a = await createTestDatabase({ name: "fresh" });
+  const b = await createTestDatabase({ name: "fresh" });
+  assert(a.name !== b.name && a.name.endsWith("_test"));
+  const sql = postgres(a.url, { max: 1, onnotice: () => {} });
+  const [{ n }] = await sql`select count(*)::int as n from pg_tables where schemaname = 'public'`;
+  assertEquals(n, 0);
+  await sql.end();
+  await a.close();
+  const check = postgres(b.url, { max: 1, onnotice: () => {} });
+  const rows = await check`select 1 from pg_database where datname = ${a.name}`;
+  assertEquals(rows.length, 0);
+  await check.end();
+  await b.close();
+});
+
+Deno.test("deno task test refuses a non-test AKADZE_DATABASE_URL and drops nothing", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", new URL("./run.ts", import.meta.url).pathname],
+    env: { AKADZE_DATABASE_URL: "postgres://u:pw@127.0.0.1:1/production", NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assertEquals(out.code, 2);
+  const stderr = new TextDecoder().decode(out.stderr);
+  assert(stderr.includes('refusing to use database "production"'), stderr);
+});
