@@ -32,3 +32,35 @@ export {
   type MigrateOptions,
   pendingVersions,
 } from "./src/migrate.ts";
+export { Akadze, type AkadzeOptions, type TaskModule } from "./src/app.ts";
+export {
+  type ArgsInput,
+  type ArgsOutput,
+  type Backoff,
+  type BoundTask,
+  type JsonObject,
+  Task,
+  type TaskHandler,
+  type TaskOptions,
+} from "./src/task.ts";
+export type { EnqueueOptions } from "./src/enqueue.ts";
+export { current, type JobContext } from "./src/context.ts";
+export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
+export type {
+  AfterRunHook,
+  BeforeRunHook,
+  EnqueuedJob,
+  Hooks,
+  JobInfo,
+  JobState,
+  OnEnqueueHook,
+  OnTransitionHook,
+} from "./src/job.ts";
+export type {
+  InferInput,
+  InferOutput,
+  StandardSchemaIssue,
+  StandardSchemaProps,
+  StandardSchemaResult,
+  StandardSchemaV1,
+} from "./src/standard_schema.ts";

@@ -110,6 +110,14 @@ export function quoteSchema(schema: string): string {
   return `"${schema}"`;
 }
 
+/**
+ * The NOTIFY channel on which enqueues announce new jobs (payload: the queue names,
+ * comma-separated).
+ */
+export function jobsChannel(schema: string): string {
+  return `${schema}_jobs`;
+}
+
 const TRANSIENT_SQLSTATES = new Set(["57P01", "57P02", "57P03", "53300", "40001", "40P01"]);
 const TRANSIENT_DRIVER_CODES = new Set([
   "CONNECTION_CLOSED",

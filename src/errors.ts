@@ -32,3 +32,85 @@ export class DuplicateJob extends EnqueueError {}
 
 /** A migration could not be applied; the transaction was rolled back. */
 export class MigrateError extends AkadzeError {}
+
+/** Options of {@linkcode Retry}. */
+export interface RetryOptions {
+  /** Milliseconds until the next attempt; default: the task's backoff. */
+  delay?: number;
+}
+
+/**
+ * Thrown by a handler (or anything it calls): retry the job, spending an attempt. When no
+ * attempts remain the job ends `failed`.
+ *
+ * @example
+ * ```ts ignore
+ * import { Retry } from "@akadze/akadze";
+ * if (response.status === 429) throw new Retry({ delay: 30_000 });
+ * ```
+ */
+export class Retry extends Error {
+  /** Milliseconds until the next attempt, or undefined for the task's backoff. */
+  readonly delay: number | undefined;
+  /** Create a retry request, optionally with its delay. */
+  constructor(options: RetryOptions = {}) {
+    super(options.delay === undefined ? "retry requested" : `retry in ${options.delay} ms`);
+    this.name = "Retry";
+    this.delay = options.delay;
+  }
+}
+
+/**
+ * Thrown by a handler: put the job back for `delay` milliseconds without spending an
+ * attempt (`snoozes` counts them).
+ *
+ * @example
+ * ```ts ignore
+ * import { Snooze } from "@akadze/akadze";
+ * if (!upstreamReady) throw new Snooze(60_000);
+ * ```
+ */
+export class Snooze extends Error {
+  /** Milliseconds until the job is ready again. */
+  readonly delay: number;
+  /** Create a snooze of `delay` milliseconds. */
+  constructor(delay: number) {
+    super(`snooze ${delay} ms`);
+    this.name = "Snooze";
+    this.delay = delay;
+  }
+}
+
+/**
+ * Thrown by a handler: end the job `failed` now, spending an attempt, whatever remains.
+ *
+ * @example
+ * ```ts ignore
+ * import { Fail } from "@akadze/akadze";
+ * if (!user) throw new Fail("user was deleted");
+ * ```
+ */
+export class Fail extends Error {
+  /** Create a failure with an optional reason (stored, redacted, in the job's errors). */
+  constructor(reason?: string) {
+    super(reason ?? "failed by the task");
+    this.name = "Fail";
+  }
+}
+
+/**
+ * Thrown by a handler: end the job `cancelled` without spending an attempt.
+ *
+ * @example
+ * ```ts ignore
+ * import { Cancel } from "@akadze/akadze";
+ * if (order.withdrawn) throw new Cancel("order withdrawn");
+ * ```
+ */
+export class Cancel extends Error {
+  /** Create a cancellation with an optional reason. */
+  constructor(reason?: string) {
+    super(reason ?? "cancelled by the task");
+    this.name = "Cancel";
+  }
+}

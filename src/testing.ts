@@ -23,8 +23,10 @@
  *
  * @module
  */
+import { AssertionError } from "node:assert";
 import postgres from "postgres";
-import { describeError, urlPassword } from "./db.ts";
+import type { Akadze } from "./app.ts";
+import { describeError, quoteSchema, urlPassword } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "./throwaway_postgres.ts";
 
@@ -131,4 +133,37 @@ export async function createTestDatabase(
         }
       })(),
   };
+}
+
+/**
+ * Assert that a queued or running job of `taskName` exists whose arguments contain
+ * `args` (a subset match: jsonb containment). Returns the matching job's id; throws an
+ * `AssertionError` naming the task otherwise.
+ *
+ * @example
+ * ```ts ignore
+ * import { assertEnqueued } from "@akadze/akadze/testing";
+ * await signup({ email: "ada@example.com" });
+ * await assertEnqueued(app, "mail.welcome", { email: "ada@example.com" });
+ * ```
+ */
+export async function assertEnqueued(
+  app: Akadze,
+  taskName: string,
+  args: Record<string, unknown> = {},
+): Promise<string> {
+  const s = quoteSchema(app.schema);
+  const rows = await app.sql.unsafe(
+    `select id::text as id, args @> $2::text::jsonb as match from ${s}.jobs
+      where task = $1 and state in ('queued', 'running') order by jobs.id`,
+    [taskName, JSON.stringify(args)],
+  );
+  const match = rows.find((r) => r.match);
+  if (match) return match.id;
+  throw new AssertionError({
+    message: rows.length === 0
+      ? `no queued or running job of task "${taskName}"`
+      : `${rows.length} queued or running job(s) of task "${taskName}", none with arguments ` +
+        `containing ${JSON.stringify(args)}`,
+  });
 }

@@ -1,6 +1,7 @@
 // Shared by the test files: a fresh database per test, on the server `deno task test`
 // started (or AKADZE_DATABASE_URL's).
 import postgres from "postgres";
+import { Akadze, type AkadzeOptions } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
 import type { Sql } from "../src/db.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
@@ -72,4 +73,26 @@ function passthroughEnv(): Record<string, string> {
     if (value !== undefined) keep[name] = value;
   }
   return keep;
+}
+
+/** Run `fn` with an app on a fresh migrated database; closes both afterwards. */
+export async function withApp(
+  name: string,
+  fn: (app: Akadze, sql: Sql, db: TestDatabase) => Promise<void>,
+  options: Omit<AkadzeOptions, "databaseUrl" | "sql"> = {},
+): Promise<void> {
+  await withDatabase(name, async (db, sql) => {
+    const app = new Akadze({ databaseUrl: db.url, ...options });
+    try {
+      await fn(app, sql, db);
+    } finally {
+      await app.close();
+    }
+  });
+}
+
+/** Count the jobs in the default schema. */
+export async function countJobs(sql: Sql): Promise<number> {
+  const [{ n }] = await sql`select count(*)::int as n from akadze.jobs`;
+  return n;
 }

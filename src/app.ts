@@ -1,0 +1,230 @@
+/**
+ * The application object: the connection, the task registry, hooks and (later)
+ * schedules. Workers and admin functions take it.
+ *
+ * @module
+ */
+import { connect, DEFAULT_SCHEMA, quoteSchema, type Sql } from "./db.ts";
+import { AkadzeError } from "./errors.ts";
+import type { Hooks } from "./job.ts";
+import { isPlainObject } from "./json.ts";
+import type { StandardSchemaV1 } from "./standard_schema.ts";
+import {
+  type AnyTask,
+  type ArgsInput,
+  type ArgsOutput,
+  type JsonObject,
+  Task,
+  type TaskHandler,
+  type TaskOptions,
+} from "./task.ts";
+
+/** Options of {@linkcode Akadze}. Durations are milliseconds. */
+export interface AkadzeOptions {
+  /** A postgres:// URL; the app opens and owns a pool (`prepare: false`). */
+  databaseUrl?: string;
+  /** Adopt an existing postgres.js instance instead (never closed by `app.close()`). */
+  sql?: Sql;
+  /** The schema of akadze's tables. Default `"akadze"`. */
+  schema?: string;
+  /** How long finished jobs are kept before the worker prunes them. Default 7 days. */
+  retention?: number;
+  /** How late a schedule fire may still be enqueued. Default 60 s. */
+  grace?: number;
+  /** NOTIFY workers on enqueue (turn off behind PgBouncer transaction pooling). Default true. */
+  notify?: boolean;
+  /** Pool size of the owned pool. Default 10. */
+  max?: number;
+  /** Use prepared statements in the owned pool. Default false. */
+  prepare?: boolean;
+}
+
+/** A module of tasks: `app.include(module)` calls `module.register(app)`. */
+export interface TaskModule {
+  /** Register the module's tasks (and schedules) on the app. */
+  register(app: Akadze): void;
+}
+
+const APP_OPTION_NAMES = new Set([
+  "databaseUrl",
+  "sql",
+  "schema",
+  "retention",
+  "grace",
+  "notify",
+  "max",
+  "prepare",
+]);
+const DAY_MS = 24 * 60 * 60 * 1000;
+// deno-lint-ignore no-explicit-any
+type AnyHandler = TaskHandler<any, unknown>;
+
+/**
+ * An akadze application: its database, tasks and hooks.
+ *
+ * @example
+ * ```ts ignore
+ * import { Akadze } from "@akadze/akadze";
+ * import * as v from "valibot";
+ *
+ * export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+ * export const hello = app.task("hello", { args: v.object({ name: v.string() }) },
+ *   ({ name }) => `hello ${name}`);
+ *
+ * await app.sql.begin(async (tx) => {
+ *   await hello.using({ session: tx }).enqueue({ name: "ada" });
+ * });
+ * ```
+ */
+export class Akadze {
+  /** The postgres.js instance (owned, or adopted from `options.sql`). */
+  readonly sql: Sql;
+  /** The schema name. */
+  readonly schema: string;
+  /** Retention of finished jobs, ms. */
+  readonly retention: number;
+  /** Schedule grace, ms. */
+  readonly grace: number;
+  /** Whether enqueues NOTIFY workers. */
+  readonly notify: boolean;
+  /** Registered tasks by name. */
+  readonly tasks: ReadonlyMap<string, AnyTask>;
+  /** Hook arrays: push functions onto them. */
+  readonly hooks: Hooks = { onEnqueue: [], beforeRun: [], afterRun: [], onTransition: [] };
+  #tasks = new Map<string, AnyTask>();
+  #owned: boolean;
+
+  /**
+   * Create the app. Exactly one of `databaseUrl` and `sql` must be given.
+   *
+   * @param options See {@linkcode AkadzeOptions}.
+   */
+  constructor(options: AkadzeOptions) {
+    if (!isPlainObject(options)) throw new AkadzeError("Akadze options must be an object");
+    options = options as AkadzeOptions;
+    for (const key of Object.keys(options)) {
+      if (!APP_OPTION_NAMES.has(key)) {
+        throw new AkadzeError(
+          `unknown Akadze option "${key}" (options: ${[...APP_OPTION_NAMES].join(", ")})`,
+        );
+      }
+    }
+    const { databaseUrl, sql } = options;
+    if (databaseUrl !== undefined && sql !== undefined) {
+      throw new AkadzeError("give either databaseUrl or sql, not both");
+    }
+    if (databaseUrl === undefined && sql === undefined) {
+      throw new AkadzeError("give databaseUrl (a postgres:// URL) or sql (a postgres.js instance)");
+    }
+    if (sql !== undefined && typeof (sql as { unsafe?: unknown }).unsafe !== "function") {
+      throw new AkadzeError("sql must be a postgres.js instance");
+    }
+    this.schema = options.schema ?? DEFAULT_SCHEMA;
+    quoteSchema(this.schema);
+    this.retention = positiveMs("retention", options.retention, 7 * DAY_MS);
+    this.grace = positiveMs("grace", options.grace, 60_000);
+    if (options.notify !== undefined && typeof options.notify !== "boolean") {
+      throw new AkadzeError("notify must be a boolean");
+    }
+    this.notify = options.notify ?? true;
+    const max = options.max;
+    if (max !== undefined && (!Number.isInteger(max) || max < 1)) {
+      throw new AkadzeError(`max must be a positive integer, got ${max}`);
+    }
+    this.#owned = sql === undefined;
+    this.sql = sql ?? connect(databaseUrl as string, { max, prepare: options.prepare });
+    this.tasks = this.#tasks;
+  }
+
+  /**
+   * Register a task.
+   *
+   * @example
+   * ```ts ignore
+   * const add = app.task("add", { args: v.object({ a: v.number(), b: v.number() }) },
+   *   ({ a, b }) => a + b);
+   * ```
+   */
+  task<R>(name: string, handler: TaskHandler<JsonObject, R>): Task<JsonObject, JsonObject, R>;
+  /** Register a task with options. */
+  task<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
+    name: string,
+    options: TaskOptions<S>,
+    handler: TaskHandler<ArgsOutput<S>, R>,
+  ): Task<ArgsInput<S>, ArgsOutput<S>, R>;
+  task(
+    name: string,
+    optionsOrHandler: TaskOptions<StandardSchemaV1 | undefined> | AnyHandler,
+    handler?: AnyHandler,
+  ): AnyTask {
+    if (typeof optionsOrHandler === "function") {
+      if (handler !== undefined) {
+        throw new AkadzeError(`task "${name}": give (name, handler) or (name, options, handler)`);
+      }
+      return this.#add(name, {}, optionsOrHandler);
+    }
+    return this.#add(name, optionsOrHandler ?? {}, handler as AnyHandler);
+  }
+
+  /**
+   * Register a plain function as a task (the dependency-injection path): same options as
+   * `task`, plus the `name`.
+   *
+   * @example
+   * ```ts ignore
+   * app.register((args) => deps.mailer.send(args), { name: "mail.send", queue: "mail" });
+   * ```
+   */
+  register<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
+    handler: TaskHandler<ArgsOutput<S>, R>,
+    options: TaskOptions<S> & { name: string },
+  ): Task<ArgsInput<S>, ArgsOutput<S>, R> {
+    if (!isPlainObject(options)) {
+      throw new AkadzeError("register(handler, { name, ...options }): options must be an object");
+    }
+    const { name, ...rest } = options;
+    return this.#add(name, rest, handler as AnyHandler);
+  }
+
+  /**
+   * Call `module.register(this)`: split tasks over modules without import side effects.
+   *
+   * @example
+   * ```ts ignore
+   * import * as mail from "./tasks/mail.ts"; // export function register(app) { ... }
+   * app.include(mail);
+   * ```
+   */
+  include(module: TaskModule): this {
+    if (typeof (module as { register?: unknown } | null)?.register !== "function") {
+      throw new AkadzeError("include(module): the module must export a register(app) function");
+    }
+    module.register(this);
+    return this;
+  }
+
+  /** Close the pool if the app owns it (an adopted `sql` is left open). */
+  async close(): Promise<void> {
+    if (this.#owned) await this.sql.end({ timeout: 5 });
+  }
+
+  #add(
+    name: string,
+    options: TaskOptions<StandardSchemaV1 | undefined>,
+    handler: AnyHandler,
+  ): AnyTask {
+    if (this.#tasks.has(name)) throw new AkadzeError(`task "${name}" is already registered`);
+    // deno-lint-ignore no-explicit-any
+    const task: AnyTask = new Task<any, any, unknown>(this, name, options, handler);
+    this.#tasks.set(name, task);
+    return task;
+  }
+}
+
+function positiveMs(name: string, value: unknown, fallback: number): number {
+  if (value === undefined) return fallback;
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
+    throw new AkadzeError(`${name} must be a positive number of milliseconds, got ${value}`);
+  }
+  return value;
+}

@@ -1,0 +1,101 @@
+/**
+ * The shapes of a job as the application sees it, and the hook signatures.
+ *
+ * @module
+ */
+import type { TransactionSql } from "./db.ts";
+
+/** The states of a job. */
+export type JobState = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+
+/** The states in which a job is still active (holds its uniqueKey). */
+export const ACTIVE_STATES: readonly JobState[] = ["queued", "running"];
+/** The terminal states. */
+export const TERMINAL_STATES: readonly JobState[] = ["succeeded", "failed", "cancelled"];
+
+/** A job as seen by hooks and handlers (never its arguments' or result's history). */
+export interface JobInfo {
+  /** The job id, a decimal string (bigint in the database). */
+  readonly id: string;
+  /** The task name. */
+  readonly task: string;
+  /** The queue. */
+  readonly queue: string;
+  /** Higher runs first. */
+  readonly priority: number;
+  /** Attempts spent before this run. */
+  readonly attempt: number;
+  /** Claims so far, including this run's (the fencing token). */
+  readonly runCount: number;
+  /** The attempt budget. */
+  readonly maxAttempts: number;
+  /** How many times the job snoozed. */
+  readonly snoozes: number;
+  /** When the job became (or becomes) ready. */
+  readonly runAt: Date;
+  /** After this instant the job is cancelled instead of run. */
+  readonly expiresAt: Date | null;
+  /** The active-uniqueness key. */
+  readonly uniqueKey: string | null;
+  /** The limit key. */
+  readonly limitKey: string | null;
+  /** When it was enqueued. */
+  readonly createdAt: Date;
+  /** When the current (or last) run started. */
+  readonly startedAt: Date | null;
+  /** The worker running it. */
+  readonly workerId: string | null;
+}
+
+/** A job just inserted by an enqueue, as given to `onEnqueue` hooks. */
+export interface EnqueuedJob {
+  /** The job id. */
+  readonly id: string;
+  /** The task name. */
+  readonly task: string;
+  /** The queue. */
+  readonly queue: string;
+  /** Priority. */
+  readonly priority: number;
+  /** Attempt budget. */
+  readonly maxAttempts: number;
+  /** When it becomes ready. */
+  readonly runAt: Date;
+  /** Expiry, if any. */
+  readonly expiresAt: Date | null;
+  /** Unique key, if any. */
+  readonly uniqueKey: string | null;
+  /** Limit key, if any. */
+  readonly limitKey: string | null;
+  /** The stored arguments. */
+  readonly args: Record<string, unknown>;
+}
+
+/** `onEnqueue(tx, job)`: runs in the enqueue's transaction; an error undoes that enqueue. */
+export type OnEnqueueHook = (tx: TransactionSql, job: EnqueuedJob) => unknown;
+/** `beforeRun(job)`: runs inside the timeout before the handler; an error fails the run. */
+export type BeforeRunHook = (job: JobInfo) => unknown;
+/** `afterRun(job, result)`: runs inside the timeout after the handler returned. */
+export type AfterRunHook = (job: JobInfo, result: unknown) => unknown;
+/**
+ * `onTransition(tx, job, from, to)`: runs in the transaction that makes the state change;
+ * an error rolls back that transition only.
+ */
+export type OnTransitionHook = (
+  tx: TransactionSql,
+  job: JobInfo,
+  from: JobState,
+  to: JobState,
+) => unknown;
+
+/** The hook arrays of an app; push functions onto them. */
+export interface Hooks {
+  /** See {@linkcode OnEnqueueHook}. */
+  readonly onEnqueue: OnEnqueueHook[];
+  /** See {@linkcode BeforeRunHook}. */
+  readonly beforeRun: BeforeRunHook[];
+  /** See {@linkcode AfterRunHook}. */
+  readonly afterRun: AfterRunHook[];
+  /** See {@linkcode OnTransitionHook}. */
+  readonly onTransition: OnTransitionHook[];
+}

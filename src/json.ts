@@ -1,0 +1,85 @@
+/**
+ * What JSON (and PostgreSQL's jsonb) can carry faithfully. Used to refuse task arguments
+ * at enqueue and to recognise results that cannot be stored.
+ *
+ * @module
+ */
+
+const MAX_DEPTH = 200;
+
+/**
+ * Describe why a value cannot round-trip through jsonb, or return null when it can.
+ * Refused: BigInt, NaN and ±Infinity, functions, symbols, `undefined` values, cycles,
+ * sparse arrays, non-plain objects (Date, Map, class instances...), and strings or keys
+ * containing NUL or a lone surrogate.
+ */
+export function jsonProblem(value: unknown, root = "value"): string | null {
+  const ancestors: object[] = [];
+  const visit = (v: unknown, path: string, depth: number): string | null => {
+    switch (typeof v) {
+      case "string":
+        return stringProblem(v, path);
+      case "boolean":
+        return null;
+      case "number":
+        return Number.isFinite(v) ? null : `${path} is ${v}, which JSON cannot carry`;
+      case "undefined":
+        return `${path} is undefined (use null or leave the key out)`;
+      case "bigint":
+        return `${path} is a BigInt (convert it to a string or number)`;
+      case "function":
+      case "symbol":
+        return `${path} is a ${typeof v}`;
+    }
+    if (v === null) return null;
+    if (depth > MAX_DEPTH) return `${path} is nested more than ${MAX_DEPTH} levels deep`;
+    const obj = v as object;
+    if (ancestors.includes(obj)) return `${path} is a circular reference`;
+    ancestors.push(obj);
+    try {
+      if (Array.isArray(obj)) {
+        for (let i = 0; i < obj.length; i++) {
+          if (!(i in obj)) return `${path}[${i}] is a hole in a sparse array`;
+          const problem = visit(obj[i], `${path}[${i}]`, depth + 1);
+          if (problem) return problem;
+        }
+        return null;
+      }
+      const proto = Object.getPrototypeOf(obj);
+      if (proto !== Object.prototype && proto !== null) {
+        const kind = (obj as { constructor?: { name?: string } }).constructor?.name ?? "object";
+        return `${path} is a ${kind}, not a plain object (convert it, e.g. a Date to an ISO string)`;
+      }
+      if (Object.getOwnPropertySymbols(obj).length) return `${path} has symbol keys`;
+      for (const [key, item] of Object.entries(obj)) {
+        const itemPath = /^[A-Za-z_$][\w$]*$/.test(key)
+          ? `${path}.${key}`
+          : `${path}[${JSON.stringify(key)}]`;
+        const problem = stringProblem(key, `a key of ${path}`) ?? visit(item, itemPath, depth + 1);
+        if (problem) return problem;
+      }
+      return null;
+    } finally {
+      ancestors.pop();
+    }
+  };
+  return visit(value, root, 0);
+}
+
+function stringProblem(s: string, path: string): string | null {
+  if (s.includes("\u0000")) {
+    return `${path} contains a NUL character, which PostgreSQL cannot store`;
+  }
+  // A lone surrogate has no UTF-8 form; PostgreSQL refuses it.
+  if (/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(s)) {
+    return `${path} contains a lone UTF-16 surrogate`;
+  }
+  return null;
+}
+
+/** Whether a value is a plain object (not null, not an array, Object or null prototype). */
+export function isPlainObject(value: unknown): boolean {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return false;
+  const proto = Object.getPrototypeOf(value);
+  return proto === Object.prototype || proto === null;
+}

@@ -1,0 +1,67 @@
+/**
+ * The Standard Schema v1 interface (https://standardschema.dev), implemented by valibot,
+ * zod, arktype and others. Declared here rather than imported so akadze depends on no
+ * validator.
+ *
+ * @module
+ */
+
+/** A validator that implements Standard Schema v1. */
+export interface StandardSchemaV1<Input = unknown, Output = Input> {
+  /** The Standard Schema properties. */
+  readonly "~standard": StandardSchemaProps<Input, Output>;
+}
+
+/** The `~standard` property of a {@linkcode StandardSchemaV1}. */
+export interface StandardSchemaProps<Input = unknown, Output = Input> {
+  /** Always 1. */
+  readonly version: 1;
+  /** The library that made the schema. */
+  readonly vendor: string;
+  /** Validate a value; may be async. */
+  readonly validate: (
+    value: unknown,
+  ) => StandardSchemaResult<Output> | Promise<StandardSchemaResult<Output>>;
+  /** Type carriers for inference only. */
+  readonly types?: { readonly input: Input; readonly output: Output } | undefined;
+}
+
+/** The result of a validation: a value, or issues. */
+export type StandardSchemaResult<Output> =
+  | { readonly value: Output; readonly issues?: undefined }
+  | { readonly issues: ReadonlyArray<StandardSchemaIssue> };
+
+/** One validation problem. */
+export interface StandardSchemaIssue {
+  /** What is wrong. */
+  readonly message: string;
+  /** Where, as keys from the root. */
+  readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined;
+}
+
+/** The input type of a schema. */
+export type InferInput<S extends StandardSchemaV1> = NonNullable<
+  S["~standard"]["types"]
+>["input"];
+/** The output type of a schema. */
+export type InferOutput<S extends StandardSchemaV1> = NonNullable<
+  S["~standard"]["types"]
+>["output"];
+
+/** Whether a value looks like a Standard Schema v1 validator. */
+export function isStandardSchema(value: unknown): value is StandardSchemaV1 {
+  const props = (value as { "~standard"?: { version?: unknown; validate?: unknown } } | null)
+    ?.["~standard"];
+  return typeof props === "object" && props !== null && props.version === 1 &&
+    typeof props.validate === "function";
+}
+
+/** Format issues as `field: message; other.field: message`. */
+export function formatIssues(issues: ReadonlyArray<StandardSchemaIssue>): string {
+  return issues.slice(0, 5).map((issue) => {
+    const path = (issue.path ?? []).map((p) =>
+      String(typeof p === "object" && p !== null ? p.key : p)
+    ).join(".");
+    return path ? `${path}: ${issue.message}` : issue.message;
+  }).join("; ") + (issues.length > 5 ? `; and ${issues.length - 5} more` : "");
+}

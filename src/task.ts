@@ -1,0 +1,241 @@
+/**
+ * Tasks: a name, options validated once at registration, a handler, and the enqueue
+ * methods.
+ *
+ * @module
+ */
+import type { JobContext } from "./context.ts";
+import {
+  type EnqueueHost,
+  enqueueJobs,
+  type EnqueueOptions,
+  MAX_ATTEMPTS_MAX,
+  PRIORITY_MAX,
+  PRIORITY_MIN,
+  QUEUE_NAME,
+} from "./enqueue.ts";
+import { AkadzeError, EnqueueError } from "./errors.ts";
+import { isPlainObject } from "./json.ts";
+import {
+  type InferInput,
+  type InferOutput,
+  isStandardSchema,
+  type StandardSchemaV1,
+} from "./standard_schema.ts";
+
+/** Any task, whatever its types (for registries). */
+// deno-lint-ignore no-explicit-any
+export type AnyTask = Task<any, any, any>;
+
+/** Task arguments without a schema: any JSON object. */
+export type JsonObject = Record<string, unknown>;
+
+/** The arguments a caller passes to enqueue for a schema (or a JSON object without one). */
+export type ArgsInput<S> = S extends StandardSchemaV1 ? InferInput<S> : JsonObject;
+/** The arguments a handler receives for a schema (or a JSON object without one). */
+export type ArgsOutput<S> = S extends StandardSchemaV1 ? InferOutput<S> : JsonObject;
+
+/**
+ * Decides the delay before the next attempt: milliseconds, or null to stop retrying and
+ * fail now. `attempt` is the number of attempts spent so far (1 after the first failure).
+ */
+export type Backoff = (attempt: number, error: unknown) => number | null;
+
+/** Options of a task, validated at registration. */
+export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined> {
+  /** A Standard Schema v1 validator of the arguments (valibot, zod, arktype, ...). */
+  args?: S;
+  /** Queue name. Default `"default"`. */
+  queue?: string;
+  /** Attempt budget including the first run, 1..2147483647. Default 3. */
+  maxAttempts?: number;
+  /** Milliseconds a run may take before its signal is aborted and it counts as an error. */
+  timeout?: number;
+  /** Smallint; higher runs first. Default 0. */
+  priority?: number;
+  /** Override the default backoff (`min(2^(attempt-1) s, 300 s)` ± 10 %). */
+  backoff?: Backoff;
+}
+
+/** A task handler: gets the (validated) arguments and the job context. */
+export type TaskHandler<A, R> = (args: A, ctx: JobContext) => R | Promise<R>;
+
+/** The arguments of `enqueue`: optional when the task takes none that are required. */
+export type EnqueueArgs<In> = Record<PropertyKey, never> extends In ? [args?: In] : [args: In];
+
+/** Enqueue methods bound to a set of {@linkcode EnqueueOptions}. */
+export interface BoundTask<In> {
+  /** Enqueue one job; resolves to its id (a decimal string). */
+  enqueue(...args: EnqueueArgs<In>): Promise<string>;
+  /** Enqueue one job per element in one statement; resolves to their ids, in order. */
+  enqueueMany(argsList: readonly In[]): Promise<string[]>;
+}
+
+const TASK_OPTION_NAMES = new Set([
+  "args",
+  "queue",
+  "maxAttempts",
+  "timeout",
+  "priority",
+  "backoff",
+]);
+/** The longest timeout a timer can carry (about 24.8 days). */
+const TIMEOUT_MAX = 2147483647;
+
+/**
+ * A registered task. Made by `app.task(...)` or `app.register(...)`.
+ *
+ * @example
+ * ```ts ignore
+ * const hello = app.task("hello", { args: v.object({ name: v.string() }) },
+ *   ({ name }) => `hello ${name}`);
+ * const id = await hello.enqueue({ name: "ada" });
+ * ```
+ */
+export class Task<In = JsonObject, Out = In, R = unknown> {
+  /** The task name. */
+  readonly name: string;
+  /** The default queue. */
+  readonly queue: string;
+  /** The default attempt budget. */
+  readonly maxAttempts: number;
+  /** The run timeout in milliseconds, if any. */
+  readonly timeout: number | undefined;
+  /** The default priority. */
+  readonly priority: number;
+  /** The backoff override, if any. */
+  readonly backoff: Backoff | undefined;
+  /** The argument schema, if any. */
+  readonly args: StandardSchemaV1<In, Out> | undefined;
+  /** The handler. */
+  readonly handler: TaskHandler<Out, R>;
+  #host: EnqueueHost;
+
+  /**
+   * Validate the options and make the task. Use `app.task` or `app.register` instead.
+   *
+   * @param host The app the task belongs to.
+   * @param name The task name.
+   * @param options The task options.
+   * @param handler The function that runs each job.
+   */
+  constructor(
+    host: EnqueueHost,
+    name: string,
+    options: TaskOptions<StandardSchemaV1<In, Out> | undefined>,
+    handler: TaskHandler<Out, R>,
+  ) {
+    checkTaskName(name);
+    const where = `task "${name}"`;
+    if (!isPlainObject(options)) throw new AkadzeError(`${where}: options must be an object`);
+    for (const key of Object.keys(options)) {
+      if (!TASK_OPTION_NAMES.has(key)) {
+        throw new AkadzeError(
+          `${where}: unknown option "${key}" (options: ${[...TASK_OPTION_NAMES].join(", ")})`,
+        );
+      }
+    }
+    if (typeof handler !== "function") {
+      throw new AkadzeError(`${where}: handler must be a function`);
+    }
+    const { queue = "default", maxAttempts = 3, timeout, priority = 0, backoff, args } = options;
+    if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
+      throw new AkadzeError(
+        `${where}: queue must be 1-64 characters of letters, digits, _ . : -, got ${
+          JSON.stringify(queue)
+        }`,
+      );
+    }
+    if (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > MAX_ATTEMPTS_MAX) {
+      throw new AkadzeError(
+        `${where}: maxAttempts must be an integer from 1 to ${MAX_ATTEMPTS_MAX}, got ${maxAttempts}`,
+      );
+    }
+    if (
+      timeout !== undefined &&
+      (typeof timeout !== "number" || !(timeout > 0) || timeout > TIMEOUT_MAX)
+    ) {
+      throw new AkadzeError(
+        `${where}: timeout must be a positive number of milliseconds up to ${TIMEOUT_MAX}, got ${timeout}`,
+      );
+    }
+    if (!Number.isInteger(priority) || priority < PRIORITY_MIN || priority > PRIORITY_MAX) {
+      throw new AkadzeError(
+        `${where}: priority must be an integer from ${PRIORITY_MIN} to ${PRIORITY_MAX}, got ${priority}`,
+      );
+    }
+    if (backoff !== undefined && typeof backoff !== "function") {
+      throw new AkadzeError(`${where}: backoff must be a function (attempt, error) => ms | null`);
+    }
+    if (args !== undefined && !isStandardSchema(args)) {
+      throw new AkadzeError(
+        `${where}: args must be a Standard Schema v1 validator (valibot, zod, arktype, ...)`,
+      );
+    }
+    this.#host = host;
+    this.name = name;
+    this.queue = queue;
+    this.maxAttempts = maxAttempts;
+    this.timeout = timeout;
+    this.priority = priority;
+    this.backoff = backoff;
+    this.args = args;
+    this.handler = handler;
+  }
+
+  /**
+   * Bind per-enqueue options (session, delay, runAt, priority, maxAttempts, uniqueKey,
+   * limitKey, expiresAt, queue). They are checked when you enqueue.
+   *
+   * @example
+   * ```ts ignore
+   * await app.sql.begin(async (tx) => {
+   *   await hello.using({ session: tx, delay: 5_000 }).enqueue({ name: "ada" });
+   * });
+   * ```
+   */
+  using(options: EnqueueOptions): BoundTask<In> {
+    return {
+      enqueue: async (...args: unknown[]) =>
+        (await enqueueJobs(this.#host, this, [args[0] === undefined ? {} : args[0]], options))[0],
+      enqueueMany: (argsList: readonly In[]) => this.enqueueMany(argsList, options),
+    };
+  }
+
+  /**
+   * Enqueue one job in its own implicit transaction on the app's pool.
+   *
+   * @example
+   * ```ts ignore
+   * const id = await hello.enqueue({ name: "ada" });
+   * ```
+   */
+  enqueue(...args: EnqueueArgs<In>): Promise<string> {
+    return this.using({}).enqueue(...args);
+  }
+
+  /**
+   * Enqueue one job per element in a single INSERT; resolves to the ids in order. With
+   * `uniqueKey` set and a collision, nothing of the batch is inserted (`DuplicateJob`).
+   *
+   * @example
+   * ```ts ignore
+   * const ids = await hello.enqueueMany([{ name: "ada" }, { name: "alan" }]);
+   * ```
+   */
+  async enqueueMany(argsList: readonly In[], options: EnqueueOptions = {}): Promise<string[]> {
+    if (!Array.isArray(argsList)) {
+      throw new EnqueueError(`task "${this.name}": enqueueMany takes an array of arguments`);
+    }
+    return await enqueueJobs(this.#host, this, argsList, options);
+  }
+}
+
+/** Task names: 1-200 printable characters. */
+function checkTaskName(name: unknown): asserts name is string {
+  if (typeof name !== "string" || name.length < 1 || name.length > 200 || /[\p{Cc}]/u.test(name)) {
+    throw new AkadzeError(
+      `task name must be a string of 1-200 printable characters, got ${JSON.stringify(name)}`,
+    );
+  }
+}
