@@ -34,9 +34,9 @@ export {
 } from "./src/migrate.ts";
 export { Akadze, type AkadzeOptions, type TaskModule } from "./src/app.ts";
 export {
+  type AnyTask,
   type ArgsInput,
   type ArgsOutput,
-  type AnyTask,
   type Backoff,
   type BoundTask,
   type EnqueueArgs,
@@ -66,3 +66,6 @@ export type {
   StandardSchemaResult,
   StandardSchemaV1,
 } from "./src/standard_schema.ts";
+export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
+export { WORKER_DEFAULTS, type WorkerOptions } from "./src/worker/config.ts";
+export { type AdminOptions, requestCancel } from "./src/admin.ts";

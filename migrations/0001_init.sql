@@ -42,6 +42,9 @@ CREATE TABLE {{schema}}.jobs (
 -- Shaped like the claim: ready rows of one queue in claim order.
 CREATE INDEX jobs_claim_idx ON {{schema}}.jobs (queue, priority DESC, run_at, id)
   WHERE state = 'queued';
+-- The claim pass cancels queued jobs with a cancel request or an expiry that has passed.
+CREATE INDEX jobs_cancel_idx ON {{schema}}.jobs (queue)
+  WHERE state = 'queued' AND (cancel_requested_at IS NOT NULL OR expires_at IS NOT NULL);
 -- Rescue and shutdown find a worker's running jobs.
 CREATE INDEX jobs_running_worker_idx ON {{schema}}.jobs (worker_id)
   WHERE state = 'running';
@@ -71,7 +74,9 @@ CREATE TABLE {{schema}}.workers (
   pid integer NOT NULL,
   queues text[] NOT NULL,
   started_at timestamptz NOT NULL DEFAULT now(),
-  heartbeat_at timestamptz NOT NULL DEFAULT now()
+  heartbeat_at timestamptz NOT NULL DEFAULT now(),
+  -- The worker's own heartbeatTtl: others rescue its jobs once heartbeat_at is older.
+  heartbeat_ttl_ms integer NOT NULL DEFAULT 30000 CHECK (heartbeat_ttl_ms > 0)
 );
 
 -- One row per schedule fire; job_id NULL means the fire was skipped (overlap: false).

@@ -118,6 +118,11 @@ export function jobsChannel(schema: string): string {
   return `${schema}_jobs`;
 }
 
+/** The NOTIFY channel on which `requestCancel` announces a cancel (payload: the job id). */
+export function cancelChannel(schema: string): string {
+  return `${schema}_cancel`;
+}
+
 const TRANSIENT_SQLSTATES = new Set(["57P01", "57P02", "57P03", "53300", "40001", "40P01"]);
 const TRANSIENT_DRIVER_CODES = new Set([
   "CONNECTION_CLOSED",

@@ -26,6 +26,7 @@
 import { AssertionError } from "node:assert";
 import postgres from "postgres";
 import type { Akadze } from "./app.ts";
+import { Worker } from "./worker/worker.ts";
 import { describeError, quoteSchema, urlPassword } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "./throwaway_postgres.ts";
@@ -166,4 +167,56 @@ export async function assertEnqueued(
       : `${rows.length} queued or running job(s) of task "${taskName}", none with arguments ` +
         `containing ${JSON.stringify(args)}`,
   });
+}
+
+/** Options of {@linkcode drain}. */
+export interface DrainOptions {
+  /** The most jobs to run before giving up. Default 1000. */
+  limit?: number;
+  /** Queues to drain. Default: every queue of the app's tasks. */
+  queues?: string[];
+}
+
+/**
+ * Run every job that is ready now, in this process, until none is left, including jobs
+ * enqueued by those jobs. Jobs scheduled for later (delay, retry backoff, snooze) are left
+ * alone. Throws an `AkadzeError` when ready jobs remain after `limit` runs (a job that
+ * keeps enqueuing itself). Returns how many jobs ran.
+ *
+ * @example
+ * ```ts ignore
+ * import { drain } from "@akadze/akadze/testing";
+ * await hello.enqueue({ name: "ada" });
+ * await drain(app);
+ * ```
+ */
+export async function drain(app: Akadze, options: DrainOptions = {}): Promise<number> {
+  const limit = options.limit ?? 1000;
+  if (!Number.isInteger(limit) || limit < 1) {
+    throw new AkadzeError(`limit must be a positive integer, got ${limit}`);
+  }
+  const queues = options.queues ?? [...new Set([...app.tasks.values()].map((t) => t.queue))];
+  if (queues.length === 0) return 0;
+  const worker = new Worker(app, {
+    queues,
+    slots: 1,
+    batch: true,
+    maxJobs: limit,
+    pollInterval: 50,
+    id: `drain:${crypto.randomUUID().slice(0, 8)}`,
+  });
+  const exit = await worker.run();
+  if (exit.code !== 0) throw new AkadzeError(`drain stopped: ${exit.message ?? exit.reason}`);
+  if (exit.reason === "max_jobs") {
+    const s = quoteSchema(app.schema);
+    const [{ n }] = await app.sql.unsafe(
+      `select count(*)::int as n from ${s}.jobs
+        where state = 'queued' and queue = any($1::text[]) and run_at <= now()`,
+      [queues],
+    );
+    if (n > 0) {
+      throw new AkadzeError(`drain ran ${limit} jobs and ${n} are still ready (raise limit?)`);
+    }
+  }
+  return worker.claimed;
 }

@@ -1,0 +1,157 @@
+/**
+ * The completer: writes run outcomes, batched into one statement, each fenced on the
+ * run_count the job was claimed with (`AND state = 'running'`), so a stale run can never
+ * overwrite a newer one. Transient failures are retried with the same outcome while the
+ * run still owns the job; the handler is never run again for it.
+ *
+ * @module
+ */
+import { isTransientError, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
+import type { OnTransitionHook } from "../job.ts";
+import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
+
+/** How a run ended, as the completer writes it. */
+export type OutcomeKind = "succeeded" | "retry" | "fail" | "snooze" | "cancel" | "release";
+
+/** One run's outcome. */
+export interface Outcome {
+  /** Job id. */
+  id: string;
+  /** The run_count the job was claimed with (the fencing token). */
+  runCount: number;
+  /**
+   * succeeded: store `result`; retry: spend an attempt, queue again after `delayMs` or fail
+   * when none remain; fail: spend an attempt and fail; snooze: queue again after
+   * `delayMs` without spending one; cancel: end cancelled; release: back to queued as is.
+   * A cancel request on the job turns any of them into cancelled (attempt not spent).
+   */
+  kind: OutcomeKind;
+  /** The JSON result (succeeded only). */
+  result?: unknown;
+  /** The error entry to append (`{ error, message }`; `at` is added from the database clock). */
+  error?: { error: string; message: string };
+  /** Milliseconds until the job is ready again (retry, snooze). */
+  delayMs?: number;
+}
+
+/** The result of writing outcomes. */
+export interface CompleteResult {
+  /** Rows written, with their new state. */
+  written: JobRow[];
+  /** Outcomes discarded because the run no longer owns the job. */
+  stale: Outcome[];
+  /** Outcomes whose transition an onTransition hook rolled back (to be retried). */
+  rolledBack: { item: Outcome; error: unknown }[];
+}
+
+/** How many error entries a job keeps. */
+export const ERROR_HISTORY = 10;
+
+/** Writes outcomes for one app. */
+export class Completer {
+  #sql: Sql;
+  #hooks: readonly OnTransitionHook[];
+  #text: string;
+
+  /** Make a completer on a pool. */
+  constructor(sql: Sql, schema: string, hooks: readonly OnTransitionHook[]) {
+    this.#sql = sql;
+    this.#hooks = hooks;
+    this.#text = completeStatement(quoteSchema(schema));
+  }
+
+  /** Write a batch of outcomes (one statement without onTransition hooks). */
+  async write(outcomes: readonly Outcome[]): Promise<CompleteResult> {
+    const { rows, rolledBack } = await applyTransitions(
+      this.#sql,
+      this.#hooks,
+      outcomes,
+      () => "running",
+      (tx, items) => this.#statement(tx, items),
+    );
+    const done = new Set(rows.map((r) => r.id));
+    const failed = new Set(rolledBack.map((r) => r.item));
+    return {
+      written: rows,
+      stale: outcomes.filter((o) => !done.has(o.id) && !failed.has(o)),
+      rolledBack,
+    };
+  }
+
+  /**
+   * Write one outcome inside the caller's transaction (completeTx): returns the row, or
+   * null when the run no longer owns the job.
+   */
+  async writeIn(tx: TransactionSql, outcome: Outcome): Promise<JobRow | null> {
+    const [row] = await this.#statement(tx, [outcome]);
+    return row ?? null;
+  }
+
+  async #statement(tx: Sql | TransactionSql, outcomes: readonly Outcome[]): Promise<JobRow[]> {
+    const payload = outcomes.map((o) => ({
+      id: o.id,
+      run_count: o.runCount,
+      kind: o.kind,
+      result: o.kind === "succeeded" ? (o.result ?? null) : null,
+      error: o.error ?? null,
+      delay_ms: o.delayMs ?? null,
+    }));
+    return await tx.unsafe(this.#text, [JSON.stringify(payload)]) as unknown as JobRow[];
+  }
+}
+
+/** Retry `write` while it fails transiently, with capped exponential backoff. */
+export async function retryTransient<T>(
+  write: () => Promise<T>,
+  options: { signal?: AbortSignal; onRetry?: (error: unknown, delay: number) => void } = {},
+): Promise<T> {
+  for (let attempt = 0;; attempt++) {
+    try {
+      return await write();
+    } catch (error) {
+      if (!isTransientError(error) || options.signal?.aborted) throw error;
+      const delay = Math.min(100 * 2 ** attempt, 5_000);
+      options.onRetry?.(error, delay);
+      await new Promise((r) => setTimeout(r, delay));
+    }
+  }
+}
+
+function completeStatement(s: string): string {
+  return `
+    with o as (
+      select * from jsonb_to_recordset($1::text::jsonb) as o(
+        id bigint, run_count int, kind text, result jsonb, error jsonb, delay_ms float8)
+    ),
+    n as (
+      select o.*,
+             case when c.cancel_requested_at is not null then 'cancelled'
+                  when o.kind = 'succeeded' then 'succeeded'
+                  when o.kind = 'retry' and c.attempt + 1 < c.max_attempts then 'queued'
+                  when o.kind in ('retry', 'fail') then 'failed'
+                  when o.kind in ('snooze', 'release') then 'queued'
+                  else 'cancelled' end as next,
+             (c.cancel_requested_at is null and o.kind in ('retry', 'fail'))::int as spent
+        from o join ${s}.jobs c on c.id = o.id
+       where c.run_count = o.run_count and c.state = 'running'
+         for update of c
+    )
+    update ${s}.jobs j set
+      state = n.next,
+      attempt = j.attempt + n.spent,
+      snoozes = j.snoozes + (n.kind = 'snooze' and n.next = 'queued')::int,
+      run_at = case when n.next = 'queued'
+                    then now() + coalesce(n.delay_ms, 0) * interval '1 millisecond'
+                    else j.run_at end,
+      result = case when n.next = 'succeeded' then n.result end,
+      errors = case when n.error is null then j.errors else (
+        select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
+          select e, i from jsonb_array_elements(
+              j.errors || jsonb_build_array(n.error || jsonb_build_object('at', now())))
+            with ordinality as t(e, i)
+           order by i desc limit ${ERROR_HISTORY}) last) end,
+      worker_id = null,
+      finished_at = case when n.next in ('succeeded', 'failed', 'cancelled') then now() end
+    from n where j.id = n.id
+    returning ${JOB_RETURNING}`;
+}

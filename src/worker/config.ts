@@ -1,0 +1,147 @@
+/**
+ * Worker options: named defaults, validated once.
+ *
+ * @module
+ */
+import { QUEUE_NAME } from "../enqueue.ts";
+import { AkadzeError } from "../errors.ts";
+import { isPlainObject } from "../json.ts";
+
+/** Options of `new Worker(app, options)`. Durations are milliseconds. */
+export interface WorkerOptions {
+  /** Queues to claim from. Default `["default"]`. */
+  queues?: string[];
+  /** Concurrent runs per queue (or in total with `fair`). Default 1. */
+  slots?: number;
+  /** One pool of `slots` shared by all queues, claimed round-robin. Default false. */
+  fair?: boolean;
+  /** How often the worker proves it is alive. Default 5000. */
+  heartbeatInterval?: number;
+  /** After this long without a heartbeat, others rescue its jobs (and it stops). Default 30000. */
+  heartbeatTtl?: number;
+  /** Longest idle wait between claim passes (at least half of it, jittered). Default 1000. */
+  pollInterval?: number;
+  /** How long a graceful stop waits for running jobs. Default 10000. */
+  shutdownTimeout?: number;
+  /** Stop after a pass that finds nothing to claim and nothing running. Default false. */
+  batch?: boolean;
+  /** Stop after this many claims. */
+  maxJobs?: number;
+  /** Touch this file on every loop pass (a liveness probe without database access). */
+  heartbeatFile?: string;
+  /** The worker id (unique per process); default hostname:pid:random. */
+  id?: string;
+}
+
+/** Validated worker settings. */
+export interface WorkerConfig {
+  readonly queues: readonly string[];
+  readonly slots: number;
+  readonly fair: boolean;
+  readonly heartbeatInterval: number;
+  readonly heartbeatTtl: number;
+  readonly pollInterval: number;
+  readonly shutdownTimeout: number;
+  readonly batch: boolean;
+  readonly maxJobs: number | undefined;
+  readonly heartbeatFile: string | undefined;
+  readonly id: string | undefined;
+}
+
+/** The defaults of {@linkcode WorkerOptions}. */
+export const WORKER_DEFAULTS = {
+  queues: ["default"],
+  slots: 1,
+  fair: false,
+  heartbeatInterval: 5_000,
+  heartbeatTtl: 30_000,
+  pollInterval: 1_000,
+  shutdownTimeout: 10_000,
+  batch: false,
+} as const;
+
+const NAMES = new Set([
+  "queues",
+  "slots",
+  "fair",
+  "heartbeatInterval",
+  "heartbeatTtl",
+  "pollInterval",
+  "shutdownTimeout",
+  "batch",
+  "maxJobs",
+  "heartbeatFile",
+  "id",
+]);
+const MS_MAX = 2147483647;
+
+/** Validate worker options against the defaults; `AkadzeError` with a precise message. */
+export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
+  if (!isPlainObject(options)) throw new AkadzeError("worker options must be an object");
+  for (const key of Object.keys(options)) {
+    if (!NAMES.has(key)) {
+      throw new AkadzeError(`unknown worker option "${key}" (options: ${[...NAMES].join(", ")})`);
+    }
+  }
+  const queues = options.queues ?? [...WORKER_DEFAULTS.queues];
+  if (!Array.isArray(queues) || queues.length === 0) {
+    throw new AkadzeError("queues must be a non-empty array of queue names");
+  }
+  for (const queue of queues) {
+    if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
+      throw new AkadzeError(
+        `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
+      );
+    }
+  }
+  if (new Set(queues).size !== queues.length) throw new AkadzeError("queues has duplicates");
+  const slots = integer("slots", options.slots ?? WORKER_DEFAULTS.slots, 1, 10_000);
+  const ms = (name: keyof typeof WORKER_DEFAULTS & keyof WorkerOptions) => {
+    const value = options[name] ?? WORKER_DEFAULTS[name];
+    if (typeof value !== "number" || !(value > 0) || value > MS_MAX) {
+      throw new AkadzeError(`${name} must be a positive number of milliseconds, got ${value}`);
+    }
+    return value;
+  };
+  const heartbeatInterval = ms("heartbeatInterval");
+  const heartbeatTtl = ms("heartbeatTtl");
+  if (heartbeatTtl <= heartbeatInterval) {
+    throw new AkadzeError(
+      `heartbeatTtl (${heartbeatTtl} ms) must be longer than heartbeatInterval (${heartbeatInterval} ms)`,
+    );
+  }
+  const maxJobs = options.maxJobs === undefined
+    ? undefined
+    : integer("maxJobs", options.maxJobs, 1, Number.MAX_SAFE_INTEGER);
+  for (const name of ["fair", "batch"] as const) {
+    if (options[name] !== undefined && typeof options[name] !== "boolean") {
+      throw new AkadzeError(`${name} must be a boolean`);
+    }
+  }
+  if (options.heartbeatFile !== undefined && typeof options.heartbeatFile !== "string") {
+    throw new AkadzeError("heartbeatFile must be a path");
+  }
+  if (options.id !== undefined && (typeof options.id !== "string" || options.id.length === 0)) {
+    throw new AkadzeError("id must be a non-empty string");
+  }
+  return {
+    queues: [...queues],
+    slots,
+    fair: options.fair ?? WORKER_DEFAULTS.fair,
+    heartbeatInterval,
+    heartbeatTtl,
+    pollInterval: ms("pollInterval"),
+    shutdownTimeout: ms("shutdownTimeout"),
+    batch: options.batch ?? WORKER_DEFAULTS.batch,
+    maxJobs,
+    heartbeatFile: options.heartbeatFile,
+    id: options.id,
+  };
+}
+
+function integer(name: string, value: unknown, min: number, max: number): number {
+  if (!Number.isInteger(value) || (value as number) < min || (value as number) > max) {
+    throw new AkadzeError(`${name} must be an integer from ${min} to ${max}, got ${value}`);
+  }
+  return value as number;
+}

@@ -1,0 +1,227 @@
+/**
+ * The executor: runs one claimed job (argument re-validation, beforeRun hooks, handler,
+ * afterRun hooks, all inside the timeout), with its context and abort signal, and turns
+ * what happened into an {@linkcode Outcome}. It never writes the outcome itself, except
+ * through `ctx.completeTx`.
+ *
+ * @module
+ */
+import type { Akadze } from "../app.ts";
+import { type JobContext, runWithContext } from "../context.ts";
+import { quoteSchema, redact, type TransactionSql } from "../db.ts";
+import { AkadzeError, Cancel, Fail, Retry, Snooze } from "../errors.ts";
+import type { JobInfo } from "../job.ts";
+import { jsonProblem } from "../json.ts";
+import { formatIssues } from "../standard_schema.ts";
+import type { AnyTask } from "../task.ts";
+import { nextDelay } from "./backoff.ts";
+import type { ClaimedJob } from "./claimer.ts";
+import type { Completer, Outcome } from "./completer.ts";
+import { runTransitionHooks, toJobInfo } from "./job_row.ts";
+
+/** Why a run was interrupted from outside the handler. */
+export type Interrupt = "timeout" | "cancel" | "shutdown";
+
+/** A run in progress. */
+export interface Execution {
+  /** The job. */
+  readonly job: JobInfo;
+  /** Resolves to the outcome to write, or null when `completeTx` already wrote it. */
+  readonly outcome: Promise<Outcome | null>;
+  /** Abort the run's signal and settle its outcome now (the handler may keep running). */
+  interrupt(reason: Interrupt): void;
+}
+
+/** The longest stored error message. */
+const MESSAGE_MAX = 500;
+
+/** Runs jobs of one app. */
+export class Executor {
+  #app: Akadze;
+  #completer: Completer;
+  #secrets: string[];
+  #lockJob: string;
+
+  /** Make an executor; `secrets` are redacted from stored error messages. */
+  constructor(app: Akadze, completer: Completer, secrets: string[]) {
+    this.#app = app;
+    this.#completer = completer;
+    this.#secrets = secrets;
+    this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
+        coalesce(expires_at <= now(), false) as expired
+      from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;
+  }
+
+  /** Start running a claimed job. */
+  start(row: ClaimedJob): Execution {
+    const job = toJobInfo(row);
+    const task = this.#app.tasks.get(row.task);
+    const controller = new AbortController();
+    let settle!: (interrupt: Interrupt) => void;
+    const interrupted = new Promise<Interrupt>((resolve) => settle = resolve);
+    let finished = false;
+    const interrupt = (reason: Interrupt) => {
+      if (finished) return;
+      finished = true;
+      controller.abort(interruptError(reason, task?.timeout));
+      settle(reason);
+    };
+    const timeout = task?.timeout;
+    const deadline = timeout === undefined ? null : new Date(Date.now() + timeout);
+    const timer = timeout === undefined
+      ? undefined
+      : setTimeout(() => interrupt("timeout"), timeout);
+    const state = { completed: false, inCompleteTx: false };
+    const ctx: JobContext = {
+      job,
+      signal: controller.signal,
+      deadline,
+      remaining: () => deadline === null ? null : Math.max(0, deadline.getTime() - Date.now()),
+      completeTx: (fn) => this.#completeTx(job, state, controller.signal, fn),
+    };
+    const work = runWithContext(ctx, () => this.#run(task, row, job, ctx));
+    const outcome = Promise.race([
+      work.then(
+        (value) => ({ ok: true as const, value }),
+        (error) => ({ ok: false as const, error }),
+      ),
+      interrupted,
+    ]).then((settled): Outcome | null => {
+      finished = true;
+      clearTimeout(timer);
+      const base = { id: job.id, runCount: job.runCount };
+      if (typeof settled === "string") {
+        if (settled === "timeout") {
+          return this.#failure(task, job, interruptError("timeout", timeout));
+        }
+        return { ...base, kind: settled === "cancel" ? "cancel" : "release" };
+      }
+      if (state.completed) return null;
+      if (settled.ok) {
+        const result = settled.value === undefined ? null : settled.value;
+        const problem = jsonProblem(result, "result");
+        if (problem) {
+          return {
+            ...base,
+            kind: "fail",
+            error: { error: "ResultNotStorable", message: this.#message(problem) },
+          };
+        }
+        return { ...base, kind: "succeeded", result };
+      }
+      return this.#failure(task, job, settled.error);
+    });
+    return { job, outcome, interrupt };
+  }
+
+  async #run(
+    task: AnyTask | undefined,
+    row: ClaimedJob,
+    job: JobInfo,
+    ctx: JobContext,
+  ): Promise<unknown> {
+    if (!task) throw new AkadzeError(`no task "${row.task}" is registered in this worker`);
+    let args = row.args;
+    if (task.args) {
+      const result = await task.args["~standard"].validate(args);
+      if (result.issues) {
+        throw Object.assign(
+          new AkadzeError(
+            `stored arguments no longer match the schema of task "${task.name}": ${
+              formatIssues(result.issues)
+            }`,
+          ),
+          { name: "InvalidArguments" },
+        );
+      }
+      args = result.value;
+    }
+    for (const hook of this.#app.hooks.beforeRun) await hook(job);
+    const value = await task.handler(args as never, ctx);
+    for (const hook of this.#app.hooks.afterRun) await hook(job, value);
+    return value;
+  }
+
+  /** The outcome of a failed run: control exceptions, or retry with backoff. */
+  #failure(task: AnyTask | undefined, job: JobInfo, error: unknown): Outcome {
+    const base = { id: job.id, runCount: job.runCount };
+    if (error instanceof Snooze) {
+      const delay = error.delay;
+      if (typeof delay === "number" && Number.isFinite(delay) && delay >= 0) {
+        return { ...base, kind: "snooze", delayMs: delay };
+      }
+    }
+    if (error instanceof Cancel) return { ...base, kind: "cancel", error: this.#entry(error) };
+    if (error instanceof Fail) return { ...base, kind: "fail", error: this.#entry(error) };
+    const spent = job.attempt + 1;
+    if (error instanceof Retry && error.delay !== undefined && error.delay >= 0) {
+      return { ...base, kind: "retry", delayMs: error.delay, error: this.#entry(error) };
+    }
+    const delay = nextDelay(task?.backoff, spent, error);
+    if (delay === null) return { ...base, kind: "fail", error: this.#entry(error) };
+    return { ...base, kind: "retry", delayMs: delay, error: this.#entry(error) };
+  }
+
+  #entry(error: unknown): { error: string; message: string } {
+    if (error instanceof Error) {
+      return { error: error.name || "Error", message: this.#message(error.message) };
+    }
+    return { error: "Error", message: this.#message(`non-Error thrown: ${String(error)}`) };
+  }
+
+  #message(text: string): string {
+    const clean = redact(String(text), this.#secrets).replaceAll("\u0000", "");
+    return clean.length > MESSAGE_MAX ? `${clean.slice(0, MESSAGE_MAX - 1)}…` : clean;
+  }
+
+  async #completeTx<T>(
+    job: JobInfo,
+    state: { completed: boolean; inCompleteTx: boolean },
+    signal: AbortSignal,
+    fn: (tx: TransactionSql) => Promise<T>,
+  ): Promise<T> {
+    if (state.inCompleteTx) throw new AkadzeError("completeTx cannot be nested");
+    if (state.completed) throw new AkadzeError("completeTx already committed for this run");
+    if (signal.aborted) {
+      throw new AkadzeError(`job ${job.id}: the run was interrupted (${signal.reason?.message})`);
+    }
+    state.inCompleteTx = true;
+    try {
+      const value = await this.#app.sql.begin(async (tx) => {
+        const [row] = await tx.unsafe(this.#lockJob, [job.id]);
+        if (!row || row.state !== "running" || row.run_count !== job.runCount) {
+          throw new AkadzeError(`job ${job.id} is no longer owned by this run`);
+        }
+        if (row.cancelled) throw new AkadzeError(`job ${job.id} was cancelled`);
+        if (row.expired) throw new AkadzeError(`job ${job.id} has expired`);
+        const value = await fn(tx);
+        const written = await this.#completer.writeIn(tx, {
+          id: job.id,
+          runCount: job.runCount,
+          kind: "succeeded",
+          result: null,
+        });
+        if (!written) throw new AkadzeError(`job ${job.id} is no longer owned by this run`);
+        await runTransitionHooks(this.#app.hooks.onTransition, tx, written, "running");
+        return value;
+      });
+      state.completed = true;
+      return value as T;
+    } finally {
+      state.inCompleteTx = false;
+    }
+  }
+}
+
+function interruptError(reason: Interrupt, timeout: number | undefined): Error {
+  switch (reason) {
+    case "timeout":
+      return Object.assign(new Error(`the run timed out after ${timeout} ms`), {
+        name: "TimeoutError",
+      });
+    case "cancel":
+      return Object.assign(new Error("the job was cancelled"), { name: "AbortError" });
+    case "shutdown":
+      return Object.assign(new Error("the worker is shutting down"), { name: "AbortError" });
+  }
+}

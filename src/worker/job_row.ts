@@ -1,0 +1,132 @@
+/**
+ * The job columns the worker reads back from its statements, and their mapping to
+ * {@linkcode JobInfo}. Shared by every service that changes a job's state.
+ *
+ * @module
+ */
+import type { Sql, TransactionSql } from "../db.ts";
+import type { JobInfo, JobState, OnTransitionHook } from "../job.ts";
+
+/** The RETURNING list of every state-changing statement (table alias `j`). */
+export const JOB_RETURNING = `j.id::text as id, j.task, j.queue, j.priority, j.attempt,
+  j.run_count, j.max_attempts, j.snoozes, j.run_at, j.expires_at, j.unique_key, j.limit_key,
+  j.created_at, j.started_at, j.worker_id, j.state`;
+
+/** A row of {@linkcode JOB_RETURNING}. */
+export interface JobRow {
+  id: string;
+  task: string;
+  queue: string;
+  priority: number;
+  attempt: number;
+  run_count: number;
+  max_attempts: number;
+  snoozes: number;
+  run_at: Date;
+  expires_at: Date | null;
+  unique_key: string | null;
+  limit_key: string | null;
+  created_at: Date;
+  started_at: Date | null;
+  worker_id: string | null;
+  state: JobState;
+}
+
+/** The application's view of a job row. */
+export function toJobInfo(row: JobRow): JobInfo {
+  return {
+    id: row.id,
+    task: row.task,
+    queue: row.queue,
+    priority: row.priority,
+    attempt: row.attempt,
+    runCount: row.run_count,
+    maxAttempts: row.max_attempts,
+    snoozes: row.snoozes,
+    runAt: row.run_at,
+    expiresAt: row.expires_at,
+    uniqueKey: row.unique_key,
+    limitKey: row.limit_key,
+    createdAt: row.created_at,
+    startedAt: row.started_at,
+    workerId: row.worker_id,
+  };
+}
+
+/** A transition statement over a subset of its work (one item in per-job mode). */
+export type TransitionStatement<T> = (
+  tx: Sql | TransactionSql,
+  items: readonly T[],
+) => Promise<JobRow[]>;
+
+/** The outcome of {@linkcode applyTransitions}. */
+export interface TransitionResult<T> {
+  /** Rows that changed state. */
+  rows: JobRow[];
+  /** Items whose transition was rolled back by an `onTransition` hook error. */
+  rolledBack: { item: T; error: unknown }[];
+}
+
+/**
+ * Apply a batch transition. Without `onTransition` hooks: one statement for all items.
+ * With hooks: each item in its own transaction, the hooks running in it, so a hook error
+ * rolls back that item's transition only.
+ */
+export async function applyTransitions<T>(
+  sql: Sql,
+  hooks: readonly OnTransitionHook[],
+  items: readonly T[],
+  from: (item: T) => JobState,
+  statement: TransitionStatement<T>,
+): Promise<TransitionResult<T>> {
+  if (items.length === 0) return { rows: [], rolledBack: [] };
+  if (hooks.length === 0) return { rows: await statement(sql, items), rolledBack: [] };
+  const result: TransitionResult<T> = { rows: [], rolledBack: [] };
+  for (const item of items) {
+    try {
+      const rows = await sql.begin(async (tx) => {
+        const changed = await statement(tx, [item]);
+        for (const row of changed) await runTransitionHooks(hooks, tx, row, from(item));
+        return changed;
+      });
+      result.rows.push(...(rows as JobRow[]));
+    } catch (error) {
+      if (!isHookError(error)) throw error;
+      result.rolledBack.push({ item, error: error.cause });
+    }
+  }
+  return result;
+}
+
+/** An error thrown by an `onTransition` hook (its cause is the hook's error). */
+export class TransitionHookError extends Error {
+  /** The job whose transition was rolled back. */
+  readonly jobId: string;
+  /** Wrap a hook's error. */
+  constructor(cause: unknown, jobId: string) {
+    super("onTransition hook failed", { cause });
+    this.name = "TransitionHookError";
+    this.jobId = jobId;
+  }
+}
+
+function isHookError(error: unknown): error is TransitionHookError {
+  return error instanceof TransitionHookError;
+}
+
+/** Run every onTransition hook for one changed row, wrapping a failure. */
+export async function runTransitionHooks(
+  hooks: readonly OnTransitionHook[],
+  tx: TransactionSql,
+  row: JobRow,
+  from: JobState,
+): Promise<void> {
+  const job = toJobInfo(row);
+  for (const hook of hooks) {
+    try {
+      await hook(tx, job, from, row.state);
+    } catch (error) {
+      throw new TransitionHookError(error, row.id);
+    }
+  }
+}

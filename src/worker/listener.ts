@@ -1,0 +1,59 @@
+/**
+ * The listener: LISTEN on a dedicated connection (postgres.js keeps one per instance for
+ * listening and reconnects it) for new jobs in this worker's queues and for cancel
+ * requests, so the worker reacts at once instead of at its next poll.
+ *
+ * @module
+ */
+import { cancelChannel, jobsChannel, type Sql } from "../db.ts";
+
+/** What the listener calls. */
+export interface ListenerHandlers {
+  /** A job was enqueued in one of the worker's queues. */
+  onJobs(): void;
+  /** A cancel was requested for this job id. */
+  onCancel(jobId: string): void;
+}
+
+/** Listens for one worker. */
+export class Listener {
+  #sql: Sql;
+  #schema: string;
+  #queues: Set<string>;
+  #handlers: ListenerHandlers;
+  #unlisten: (() => Promise<void>)[] = [];
+
+  /** Make a listener (nothing happens until `start`). */
+  constructor(sql: Sql, schema: string, queues: readonly string[], handlers: ListenerHandlers) {
+    this.#sql = sql;
+    this.#schema = schema;
+    this.#queues = new Set(queues);
+    this.#handlers = handlers;
+  }
+
+  /** Whether both channels are being listened to. */
+  get listening(): boolean {
+    return this.#unlisten.length === 2;
+  }
+
+  /** LISTEN on both channels (idempotent). Throws when the database is unreachable. */
+  async start(): Promise<void> {
+    if (this.listening) return;
+    await this.stop();
+    const jobs = await this.#sql.listen(jobsChannel(this.#schema), (payload) => {
+      if (payload.split(",").some((queue) => this.#queues.has(queue))) this.#handlers.onJobs();
+    });
+    this.#unlisten.push(jobs.unlisten);
+    const cancel = await this.#sql.listen(
+      cancelChannel(this.#schema),
+      (payload) => this.#handlers.onCancel(payload),
+    );
+    this.#unlisten.push(cancel.unlisten);
+  }
+
+  /** UNLISTEN (errors ignored: the connection may already be gone). */
+  async stop(): Promise<void> {
+    const unlisten = this.#unlisten.splice(0);
+    for (const fn of unlisten) await fn().catch(() => {});
+  }
+}

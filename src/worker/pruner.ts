@@ -1,0 +1,85 @@
+/**
+ * The pruner: deletes, in bounded batches, terminal jobs finished longer than `retention`
+ * ago, old `periodic_runs` rows, and `limit_starts` marks outside their key's window.
+ *
+ * @module
+ */
+import { quoteSchema, type Sql } from "../db.ts";
+
+/** Settings of a {@linkcode Pruner}. */
+export interface PrunerConfig {
+  /** The schema name. */
+  schema: string;
+  /** Keep terminal jobs this long (ms). */
+  retention: number;
+  /** Keep periodic_runs at least this long (ms): the schedules' grace. */
+  grace: number;
+  /** Rows per DELETE. Default 1000. */
+  batchSize?: number;
+  /** DELETE statements per table and pass at most. Default 10. */
+  maxBatches?: number;
+}
+
+/** What one prune pass deleted. */
+export interface PruneResult {
+  /** Terminal jobs. */
+  jobs: number;
+  /** periodic_runs rows. */
+  periodicRuns: number;
+  /** limit_starts marks. */
+  limitStarts: number;
+}
+
+/** Deletes old rows. */
+export class Pruner {
+  #sql: Sql;
+  #config: Required<PrunerConfig>;
+  #statements: { jobs: string; periodicRuns: string; limitStarts: string };
+
+  /** Make a pruner on a pool. */
+  constructor(sql: Sql, config: PrunerConfig) {
+    this.#sql = sql;
+    this.#config = { batchSize: 1000, maxBatches: 10, ...config };
+    const s = quoteSchema(config.schema);
+    this.#statements = {
+      jobs: `delete from ${s}.jobs where id in (
+               select id from ${s}.jobs
+                where state in ('succeeded', 'failed', 'cancelled')
+                  and finished_at < now() - $1 * interval '1 millisecond'
+                limit $2)`,
+      periodicRuns: `delete from ${s}.periodic_runs where ctid = any(array(
+               select ctid from ${s}.periodic_runs
+                where fire_at < now() - $1 * interval '1 millisecond' limit $2))`,
+      limitStarts: `delete from ${s}.limit_starts where ctid = any(array(
+               select m.ctid from ${s}.limit_starts m
+                where not exists (select 1 from ${s}.limits l
+                                   where l.key = m.key and l."window" is not null
+                                     and m.started_at > now() - l."window")
+                limit $1))`,
+    };
+  }
+
+  /** Delete one bounded round of old rows from each table. */
+  async runOnce(): Promise<PruneResult> {
+    const { retention, grace } = this.#config;
+    return {
+      jobs: await this.#drain(this.#statements.jobs, [retention]),
+      // A fire older than the grace can never be enqueued again; keep a day for inspection.
+      periodicRuns: await this.#drain(this.#statements.periodicRuns, [
+        Math.max(grace, 86_400_000),
+      ]),
+      limitStarts: await this.#drain(this.#statements.limitStarts, []),
+    };
+  }
+
+  async #drain(text: string, params: number[]): Promise<number> {
+    const { batchSize, maxBatches } = this.#config;
+    let total = 0;
+    for (let i = 0; i < maxBatches; i++) {
+      const { count } = await this.#sql.unsafe(text, [...params, batchSize]);
+      total += count;
+      if (count < batchSize) break;
+    }
+    return total;
+  }
+}

@@ -1,0 +1,94 @@
+/**
+ * The rescuer: every worker puts back the running jobs of workers whose heartbeat is older
+ * than their TTL, or whose row no longer exists: queued with an attempt spent (failed when
+ * none remain), error `WorkerLost`. Then it removes stale worker rows that hold no jobs.
+ *
+ * @module
+ */
+import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
+import type { OnTransitionHook } from "../job.ts";
+import { ERROR_HISTORY } from "./completer.ts";
+import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
+
+/** What one rescue pass did. */
+export interface RescueResult {
+  /** Jobs put back (queued or failed). */
+  rescued: JobRow[];
+  /** Stale worker rows removed. */
+  removedWorkers: number;
+}
+
+/** How many jobs one pass rescues at most. */
+const RESCUE_BATCH = 1000;
+
+/** Rescues the jobs of dead workers. */
+export class Rescuer {
+  #sql: Sql;
+  #hooks: readonly OnTransitionHook[];
+  #find: string;
+  #rescue: string;
+  #removeStale: string;
+
+  /** Make a rescuer on a pool. */
+  constructor(sql: Sql, schema: string, hooks: readonly OnTransitionHook[]) {
+    this.#sql = sql;
+    this.#hooks = hooks;
+    const s = quoteSchema(schema);
+    // A job is lost when its worker row is gone or its heartbeat is older than that
+    // worker's own TTL (database clock).
+    const lost = `c.state = 'running' and not exists (
+        select 1 from ${s}.workers w
+         where w.id = c.worker_id
+           and w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond')`;
+    this.#find = `select c.id::text as id from ${s}.jobs c where ${lost} limit ${RESCUE_BATCH}`;
+    this.#rescue = `
+      with lost as (
+        select c.id, c.worker_id from ${s}.jobs c
+         where ${lost} and ($1::bigint[] is null or c.id = any($1::bigint[]))
+         limit ${RESCUE_BATCH}
+         for update of c skip locked)
+      update ${s}.jobs j set
+        attempt = j.attempt + 1,
+        state = case when j.attempt + 1 < j.max_attempts then 'queued' else 'failed' end,
+        run_at = now(),
+        finished_at = case when j.attempt + 1 < j.max_attempts then null else now() end,
+        worker_id = null,
+        errors = (
+          select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
+            select e, i from jsonb_array_elements(j.errors || jsonb_build_array(jsonb_build_object(
+                'error', 'WorkerLost',
+                'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run',
+                'at', now())))
+              with ordinality as t(e, i)
+             order by i desc limit ${ERROR_HISTORY}) last)
+      from lost where j.id = lost.id
+      returning ${JOB_RETURNING}`;
+    this.#removeStale = `
+      delete from ${s}.workers w
+       where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'
+         and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
+  }
+
+  /** Rescue lost jobs, then remove stale worker rows. */
+  async runOnce(): Promise<RescueResult> {
+    let rescued: JobRow[];
+    if (this.#hooks.length === 0) {
+      rescued = await this.#statement(this.#sql, null);
+    } else {
+      const ids = (await this.#sql.unsafe(this.#find)).map((r) => r.id as string);
+      rescued = (await applyTransitions(
+        this.#sql,
+        this.#hooks,
+        ids,
+        () => "running",
+        (tx, items) => this.#statement(tx, items),
+      )).rows;
+    }
+    const removed = await this.#sql.unsafe(this.#removeStale);
+    return { rescued, removedWorkers: removed.count };
+  }
+
+  async #statement(tx: Sql | TransactionSql, ids: readonly string[] | null): Promise<JobRow[]> {
+    return await tx.unsafe(this.#rescue, [ids as string[] | null]) as unknown as JobRow[];
+  }
+}

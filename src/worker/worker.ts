@@ -1,0 +1,581 @@
+/**
+ * The worker: a loop around small services (heartbeat, rescuer, pruner, claimer,
+ * executor, completer, listener). Each pass: heartbeat when due, rescue, prune about once
+ * a minute, run due schedules, claim up to the free slots. See SPEC §6.
+ *
+ * @module
+ */
+import type { Akadze } from "../app.ts";
+import { describeError, isTransientError } from "../db.ts";
+import { AkadzeError } from "../errors.ts";
+import { logger } from "../log.ts";
+import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
+import { Completer, type CompleteResult, type Outcome, retryTransient } from "./completer.ts";
+import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./config.ts";
+import { installDriverGuard } from "./driver_guard.ts";
+import { type Execution, Executor } from "./executor.ts";
+import { Heartbeat } from "./heartbeat.ts";
+import type { JobRow } from "./job_row.ts";
+import { Listener } from "./listener.ts";
+import { Pruner } from "./pruner.ts";
+import { Rescuer } from "./rescuer.ts";
+
+/** Why `worker.run()` returned, with the process exit code it implies. */
+export interface WorkerExit {
+  /** 0: graceful stop, batch done or maxJobs reached; 1: fatal error or lost heartbeat. */
+  code: 0 | 1;
+  /** What ended the run. */
+  reason: "stopped" | "batch_done" | "max_jobs" | "heartbeat_lost" | "fatal";
+  /** For `fatal` and `heartbeat_lost`: what went wrong (credential-free). */
+  message?: string;
+}
+
+/** Options of `worker.run()`. */
+export interface WorkerRunOptions {
+  /** Aborting it starts a graceful stop, like `worker.stop()`. */
+  signal?: AbortSignal;
+}
+
+/** Something the loop can run between claims (the scheduler). */
+export interface LoopService {
+  /** Do one pass; errors are handled like the worker's own database errors. */
+  runOnce(): Promise<unknown>;
+}
+
+const PRUNE_EVERY = 60_000;
+const OUTCOME_BATCH = 500;
+const DB_BACKOFF_MAX = 30_000;
+const RELEASE_TIMEOUT = 5_000;
+
+interface Running {
+  execution: Execution;
+  queue: string;
+  done: Promise<void>;
+}
+
+interface PendingOutcome {
+  outcome: Outcome;
+  resolve: () => void;
+}
+
+/**
+ * A worker process's engine: claims jobs of its queues and runs them.
+ *
+ * @example
+ * ```ts ignore
+ * import { Worker } from "@akadze/akadze";
+ * import { app } from "./app.ts";
+ *
+ * const worker = new Worker(app, { queues: ["default", "mail"], slots: 4 });
+ * Deno.addSignalListener("SIGTERM", () => worker.stop());
+ * const exit = await worker.run();
+ * Deno.exit(exit.code);
+ * ```
+ */
+export class Worker {
+  /** This worker's id (hostname:pid:random unless given). */
+  readonly id: string;
+  /** The validated options. */
+  readonly config: WorkerConfig;
+  #app: Akadze;
+  #log = logger("worker");
+  #heartbeat: Heartbeat;
+  #rescuer: Rescuer;
+  #pruner: Pruner;
+  #claimer: Claimer;
+  #completer: Completer;
+  #executor: Executor;
+  #listener: Listener;
+  #services: LoopService[] = [];
+  #inflight = new Map<string, Running>();
+  #pending: PendingOutcome[] = [];
+  #flushing: Promise<void> | null = null;
+  #claims = 0;
+  #offset = 0;
+  #running = false;
+  #stopRequested = false;
+  #abandon = new AbortController();
+  #wakeFlag = false;
+  #wake: () => void = () => {};
+  #beatOk = false;
+  #nextBeat = 0;
+
+  /**
+   * Make a worker for an app; options are validated now (`AkadzeError`).
+   *
+   * @param app The application whose tasks it runs.
+   * @param options See {@linkcode WorkerOptions}.
+   */
+  constructor(app: Akadze, options: WorkerOptions = {}) {
+    this.config = resolveWorkerConfig(options);
+    this.#app = app;
+    const host = hostname();
+    this.id = this.config.id ?? `${host}:${Deno.pid}:${crypto.randomUUID().slice(0, 8)}`;
+    const hooks = app.hooks.onTransition;
+    this.#heartbeat = new Heartbeat(app.sql, app.schema, {
+      id: this.id,
+      hostname: host,
+      pid: Deno.pid,
+      queues: this.config.queues,
+      heartbeatTtl: this.config.heartbeatTtl,
+    });
+    this.#rescuer = new Rescuer(app.sql, app.schema, hooks);
+    this.#pruner = new Pruner(app.sql, {
+      schema: app.schema,
+      retention: app.retention,
+      grace: app.grace,
+    });
+    this.#claimer = new Claimer(app.sql, {
+      schema: app.schema,
+      workerId: this.id,
+      tasks: [...app.tasks.keys()],
+      hooks,
+    });
+    this.#completer = new Completer(app.sql, app.schema, hooks);
+    const password = (app.sql.options as { pass?: unknown }).pass;
+    this.#executor = new Executor(
+      app,
+      this.#completer,
+      typeof password === "string" && password ? [password] : [],
+    );
+    this.#listener = new Listener(app.sql, app.schema, this.config.queues, {
+      onJobs: () => this.#wakeUp(),
+      onCancel: (id) => this.#cancel(id),
+    });
+  }
+
+  /** Add a service run once per loop pass (used for schedules). */
+  addService(service: LoopService): void {
+    this.#services.push(service);
+  }
+
+  /** How many jobs this worker has claimed so far. */
+  get claimed(): number {
+    return this.#claims;
+  }
+
+  /** How many jobs this worker is running now. */
+  get busy(): number {
+    return this.#inflight.size;
+  }
+
+  /** Start a graceful stop: no new claims, running jobs get `shutdownTimeout` to finish. */
+  stop(): void {
+    this.#stopRequested = true;
+    this.#wakeUp();
+  }
+
+  /**
+   * Run until stopped (see {@linkcode WorkerExit} for why it returns). Never rejects for
+   * database errors: transient ones are retried, others end the run with code 1.
+   */
+  async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
+    if (this.#running) throw new AkadzeError("this worker is already running");
+    this.#running = true;
+    const onAbort = () => this.stop();
+    options.signal?.addEventListener("abort", onAbort);
+    if (options.signal?.aborted) this.stop();
+    const removeGuard = installDriverGuard((error) =>
+      this.#log.warn("database driver error ignored: {message}", {
+        event: "db_error_transient",
+        message: describeError(error),
+      })
+    );
+    this.#log.info("worker {workerId} started on {queues}", {
+      event: "worker_started",
+      workerId: this.id,
+      queues: this.config.queues.join(","),
+      slots: this.config.slots,
+    });
+    let exit: WorkerExit;
+    try {
+      exit = await this.#loop();
+      if (exit.code === 0) {
+        await this.#drain(exit.reason !== "stopped");
+      } else {
+        await this.#abandonRuns();
+      }
+    } finally {
+      options.signal?.removeEventListener("abort", onAbort);
+      await this.#listener.stop();
+      removeGuard();
+      this.#running = false;
+    }
+    if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
+    const level = exit.code === 0 ? "info" : "error";
+    this.#log[level]("worker {workerId} stopped: {reason}", {
+      event: "worker_stopped",
+      workerId: this.id,
+      reason: exit.reason,
+      code: exit.code,
+      ...(exit.message ? { message: exit.message } : {}),
+    });
+    return exit;
+  }
+
+  async #loop(): Promise<WorkerExit> {
+    const { config } = this;
+    let nextRescue = 0;
+    let nextPrune = performance.now() + Math.random() * PRUNE_EVERY;
+    let dbBackoff = 0;
+    while (!this.#stopRequested) {
+      await this.#touchHeartbeatFile();
+      const beat = await this.#beatIfDue();
+      if (beat) return beat;
+      if (!this.#beatOk) {
+        await this.#sleep(this.#nextBeat - performance.now());
+        continue;
+      }
+      let full = false;
+      let foundNothing = false;
+      try {
+        if (this.#app.notify && !this.#listener.listening) await this.#listener.start();
+        const now = performance.now();
+        if (now >= nextRescue) {
+          nextRescue = now + config.heartbeatInterval;
+          this.#logRescue(await this.#rescuer.runOnce());
+        }
+        if (now >= nextPrune) {
+          nextPrune = now + PRUNE_EVERY * (0.9 + 0.2 * Math.random());
+          const pruned = await this.#pruner.runOnce();
+          if (pruned.jobs + pruned.periodicRuns + pruned.limitStarts > 0) {
+            this.#log.debug("pruned {jobs} jobs", { event: "pruned", ...pruned });
+          }
+        }
+        for (const service of this.#services) await service.runOnce();
+        if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
+        dbBackoff = 0;
+      } catch (error) {
+        if (!isTransientError(error)) return this.#fatal(error);
+        dbBackoff = Math.min(Math.max(dbBackoff * 2, 250), DB_BACKOFF_MAX);
+        this.#log.warn("database error, retrying in {delay} ms: {message}", {
+          event: "db_error_transient",
+          delay: dbBackoff,
+          message: describeError(error),
+        });
+        await this.#sleep(dbBackoff);
+        continue;
+      }
+      if (config.maxJobs !== undefined && this.#claims >= config.maxJobs) {
+        return { code: 0, reason: "max_jobs" };
+      }
+      if (config.batch && foundNothing && this.#inflight.size === 0) {
+        return { code: 0, reason: "batch_done" };
+      }
+      if (full) continue;
+      const poll = config.pollInterval * (0.5 + 0.5 * Math.random());
+      await this.#sleep(Math.min(poll, this.#nextBeat - performance.now()));
+    }
+    return { code: 0, reason: "stopped" };
+  }
+
+  /** Heartbeat when due; returns an exit when the lease is lost or the error is fatal. */
+  async #beatIfDue(): Promise<WorkerExit | null> {
+    const now = performance.now();
+    if (now < this.#nextBeat) return null;
+    const { heartbeatInterval, heartbeatTtl } = this.config;
+    try {
+      const beat = await this.#heartbeat.runOnce();
+      if (beat.registered && this.#beatOk === false && this.#heartbeat.lastSuccess !== null) {
+        this.#log.debug("worker {workerId} registered", {
+          event: "worker_registered",
+          workerId: this.id,
+        });
+      }
+      this.#beatOk = true;
+      this.#nextBeat = now + heartbeatInterval;
+      for (const id of beat.cancelRequested) this.#cancel(id);
+      return null;
+    } catch (error) {
+      if (!isTransientError(error)) return this.#fatal(error);
+      this.#beatOk = false;
+      this.#nextBeat = now + Math.min(heartbeatInterval, 1_000);
+      this.#log.warn("heartbeat failed: {message}", {
+        event: "heartbeat_failed",
+        workerId: this.id,
+        message: describeError(error),
+      });
+      const last = this.#heartbeat.lastSuccess;
+      if (last !== null && now - last >= heartbeatTtl) {
+        return {
+          code: 1,
+          reason: "heartbeat_lost",
+          message: `no heartbeat succeeded for ${Math.round((now - last) / 1000)} s`,
+        };
+      }
+      return null;
+    }
+  }
+
+  /** Claim into the free slots; returns [every requested slot filled, nothing claimable]. */
+  async #claimPass(): Promise<[boolean, boolean]> {
+    const { queues, slots, fair, maxJobs } = this.config;
+    let requests: ClaimRequest[];
+    let total: number;
+    if (fair) {
+      total = slots - this.#inflight.size;
+      requests = queues.map((queue) => ({ queue, slots: total }));
+    } else {
+      const busy = new Map<string, number>();
+      for (const run of this.#inflight.values()) {
+        busy.set(run.queue, (busy.get(run.queue) ?? 0) + 1);
+      }
+      requests = queues.map((queue) => ({ queue, slots: slots - (busy.get(queue) ?? 0) }))
+        .filter((r) => r.slots > 0);
+      total = requests.reduce((sum, r) => sum + r.slots, 0);
+    }
+    if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
+    if (total <= 0) return [false, false];
+    const result = await this.#claimer.claim(requests, total, this.#offset++);
+    for (const row of result.cancelled) this.#logState(row, "queued");
+    for (const row of result.claimed) this.#start(row);
+    return [result.claimed.length === total, result.claimed.length === 0];
+  }
+
+  #start(row: ClaimedJob): void {
+    this.#claims++;
+    this.#log.debug("job {jobId} claimed", {
+      event: "job_claimed",
+      jobId: row.id,
+      task: row.task,
+      queue: row.queue,
+      attempt: row.attempt,
+      runCount: row.run_count,
+    });
+    const execution = this.#executor.start(row);
+    const done = execution.outcome.then(async (outcome) => {
+      if (outcome) await this.#write(outcome);
+      const wasFull = this.#isFull(row.queue);
+      this.#inflight.delete(row.id);
+      if (wasFull || this.config.batch) this.#wakeUp();
+    });
+    this.#inflight.set(row.id, { execution, queue: row.queue, done });
+  }
+
+  #isFull(queue: string): boolean {
+    if (this.config.fair) return this.#inflight.size >= this.config.slots;
+    let n = 0;
+    for (const run of this.#inflight.values()) if (run.queue === queue) n++;
+    return n >= this.config.slots;
+  }
+
+  #cancel(jobId: string): void {
+    const run = this.#inflight.get(jobId);
+    if (!run) return;
+    this.#log.info("job {jobId} cancel requested while running", {
+      event: "job_cancel_requested",
+      jobId,
+    });
+    run.execution.interrupt("cancel");
+  }
+
+  /** Queue an outcome for the completer; resolves once written or discarded. */
+  #write(outcome: Outcome): Promise<void> {
+    return new Promise((resolve) => {
+      this.#pending.push({ outcome, resolve });
+      this.#flushing ??= this.#flush().finally(() => this.#flushing = null);
+    });
+  }
+
+  async #flush(): Promise<void> {
+    while (this.#pending.length > 0) {
+      // Outcomes that finished while the previous write was in flight go in one statement.
+      const batch = this.#pending.splice(0, OUTCOME_BATCH);
+      await this.#writeBatch(batch);
+    }
+  }
+
+  async #writeBatch(batch: PendingOutcome[]): Promise<void> {
+    const outcomes = batch.map((p) => p.outcome);
+    let result: CompleteResult;
+    try {
+      result = await retryTransient(() => this.#completer.write(outcomes), {
+        signal: this.#abandon.signal,
+        onRetry: (error, delay) =>
+          this.#log.warn("outcome write failed, retrying in {delay} ms: {message}", {
+            event: "db_error_transient",
+            delay,
+            message: describeError(error),
+          }),
+      });
+    } catch (error) {
+      if (this.#abandon.signal.aborted) {
+        for (const p of batch) p.resolve(); // left to the lease
+        return;
+      }
+      if (batch.length > 1) {
+        for (const p of batch) await this.#writeBatch([p]);
+        return;
+      }
+      const [p] = batch;
+      const code = (error as { code?: unknown }).code;
+      if (typeof code === "string" && /^(22|54)/.test(code) && p.outcome.kind === "succeeded") {
+        // The database refused the value itself: record that, do not run the job again.
+        p.outcome = {
+          id: p.outcome.id,
+          runCount: p.outcome.runCount,
+          kind: "fail",
+          error: { error: "ResultNotStorable", message: describeError(error).slice(0, 500) },
+        };
+        return await this.#writeBatch([p]);
+      }
+      this.#log.error("could not write the outcome of job {jobId}: {message}", {
+        event: "outcome_write_failed",
+        jobId: p.outcome.id,
+        message: describeError(error),
+      });
+      p.resolve();
+      return;
+    }
+    const byId = new Map(batch.map((p) => [p.outcome.id, p]));
+    for (const row of result.written) {
+      const p = byId.get(row.id);
+      this.#logState(row, "running", p?.outcome);
+      p?.resolve();
+    }
+    for (const outcome of result.stale) {
+      this.#log.warn("outcome of job {jobId} discarded: the run no longer owns the job", {
+        event: "outcome_discarded",
+        jobId: outcome.id,
+        runCount: outcome.runCount,
+        kind: outcome.kind,
+      });
+      byId.get(outcome.id)?.resolve();
+    }
+    for (const { item, error } of result.rolledBack) {
+      this.#log.warn("onTransition hook failed for job {jobId}; retrying: {message}", {
+        event: "transition_rolled_back",
+        jobId: item.id,
+        message: describeError(error),
+      });
+      const p = byId.get(item.id);
+      if (!p) continue;
+      await new Promise((r) => setTimeout(r, 1_000));
+      if (this.#abandon.signal.aborted) p.resolve();
+      else this.#pending.push(p);
+    }
+  }
+
+  #logState(row: JobRow, from: string, outcome?: Outcome): void {
+    const props = {
+      jobId: row.id,
+      task: row.task,
+      queue: row.queue,
+      attempt: row.attempt,
+      from,
+    };
+    switch (row.state) {
+      case "succeeded":
+        return this.#log.info("job {jobId} succeeded", { event: "job_succeeded", ...props });
+      case "failed":
+        return this.#log.warn("job {jobId} failed", { event: "job_failed", ...props });
+      case "cancelled":
+        return this.#log.info("job {jobId} cancelled", { event: "job_cancelled", ...props });
+      case "queued": {
+        const event = outcome?.kind === "snooze"
+          ? "job_snoozed"
+          : outcome?.kind === "release"
+          ? "job_released"
+          : "job_retrying";
+        return this.#log.info(`job {jobId} ${event.slice(4)}`, {
+          event,
+          ...props,
+          runAt: row.run_at.toISOString(),
+        });
+      }
+    }
+  }
+
+  #logRescue(result: { rescued: JobRow[]; removedWorkers: number }): void {
+    for (const row of result.rescued) {
+      this.#log.warn("job {jobId} rescued from a lost worker", {
+        event: "job_rescued",
+        jobId: row.id,
+        task: row.task,
+        queue: row.queue,
+        attempt: row.attempt,
+        state: row.state,
+      });
+    }
+  }
+
+  /** Graceful drain: wait for running jobs, then put the rest back without spending attempts. */
+  async #drain(untilDone: boolean): Promise<void> {
+    let deadline = untilDone ? Infinity : performance.now() + this.config.shutdownTimeout;
+    while (this.#inflight.size > 0 && performance.now() < deadline) {
+      if (untilDone && this.#stopRequested && deadline === Infinity) {
+        deadline = performance.now() + this.config.shutdownTimeout;
+      }
+      await this.#touchHeartbeatFile();
+      const beat = await this.#beatIfDue();
+      if (beat) return await this.#abandonRuns();
+      await this.#sleep(Math.min(deadline - performance.now(), this.#nextBeat - performance.now()));
+    }
+    const remaining = [...this.#inflight.values()];
+    for (const run of remaining) run.execution.interrupt("shutdown");
+    const released = Promise.all(remaining.map((r) => r.done));
+    const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
+    await released;
+    clearTimeout(timer);
+  }
+
+  /** After a fatal error or a lost lease: release what we can, briefly, leave the rest to the lease. */
+  async #abandonRuns(): Promise<void> {
+    const remaining = [...this.#inflight.values()];
+    for (const run of remaining) run.execution.interrupt("shutdown");
+    const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
+    await Promise.all(remaining.map((r) => r.done));
+    clearTimeout(timer);
+  }
+
+  #fatal(error: unknown): WorkerExit {
+    let message = describeError(error);
+    if ((error as { code?: unknown }).code === "42P01") {
+      message += ` (is the schema "${this.#app.schema}" migrated? run: akadze migrate)`;
+    }
+    return { code: 1, reason: "fatal", message };
+  }
+
+  async #touchHeartbeatFile(): Promise<void> {
+    const path = this.config.heartbeatFile;
+    if (!path) return;
+    try {
+      await Deno.writeTextFile(path, `${Date.now()}\n`);
+    } catch (error) {
+      this.#log.warn("could not touch the heartbeat file: {message}", {
+        event: "heartbeat_file_failed",
+        message: describeError(error),
+      });
+    }
+  }
+
+  #wakeUp(): void {
+    this.#wakeFlag = true;
+    this.#wake();
+  }
+
+  #sleep(ms: number): Promise<void> {
+    if (this.#wakeFlag || ms <= 0) {
+      this.#wakeFlag = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.#wake = () => {};
+        this.#wakeFlag = false;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.#wake = done;
+    });
+  }
+}
+
+function hostname(): string {
+  try {
+    return Deno.hostname();
+  } catch {
+    return "unknown-host";
+  }
+}
