@@ -66,6 +66,11 @@ export type {
   StandardSchemaResult,
   StandardSchemaV1,
 } from "./src/standard_schema.ts";
-export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
-export { WORKER_DEFAULTS, type WorkerOptions } from "./src/worker/config.ts";
+export {
+  type LoopService,
+  Worker,
+  type WorkerExit,
+  type WorkerRunOptions,
+} from "./src/worker/worker.ts";
+export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
 export { type AdminOptions, requestCancel } from "./src/admin.ts";

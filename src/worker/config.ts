@@ -33,20 +33,10 @@ export interface WorkerOptions {
   id?: string;
 }
 
-/** Validated worker settings. */
-export interface WorkerConfig {
-  readonly queues: readonly string[];
-  readonly slots: number;
-  readonly fair: boolean;
-  readonly heartbeatInterval: number;
-  readonly heartbeatTtl: number;
-  readonly pollInterval: number;
-  readonly shutdownTimeout: number;
-  readonly batch: boolean;
-  readonly maxJobs: number | undefined;
-  readonly heartbeatFile: string | undefined;
-  readonly id: string | undefined;
-}
+/** Validated worker settings: every option resolved (see {@linkcode WorkerOptions}). */
+export type WorkerConfig =
+  & Readonly<Required<Omit<WorkerOptions, "maxJobs" | "heartbeatFile" | "id">>>
+  & Readonly<Pick<WorkerOptions, "maxJobs" | "heartbeatFile" | "id">>;
 
 /** The defaults of {@linkcode WorkerOptions}. */
 export const WORKER_DEFAULTS = {
