@@ -27,6 +27,12 @@ export interface ThrowawayPostgres {
   readonly engine: "system" | "embedded";
   /** Fast-shutdown the server and remove its directory. Idempotent. */
   stop(): Promise<void>;
+  /** Fast-shutdown the server but keep its data: connections are refused until `resume()`. */
+  halt(): Promise<void>;
+  /** Start a halted server again; resolves when it accepts connections. */
+  resume(): Promise<void>;
+  /** `halt()` then `resume()`: a fast restart, as a failover or a deploy would do. */
+  restart(): Promise<void>;
 }
 
 /** Options of {@linkcode startThrowawayPostgres}. */
@@ -148,9 +154,17 @@ async function startServer(
   };
   const flags = Object.entries(settings).flatMap(([k, v]) => ["-c", `${k}=${v}`]);
   // The shell keeps postgres tied to our stdin: when it closes (stop(), or this process
-  // died), postgres gets a fast shutdown and the directory is removed.
-  const script = 'd="$1"; shift; "$0" -D "$d" "$@" >"${d%/*}/server.log" 2>&1 & pid=$!; ' +
-    'trap "" INT TERM; read _ignored; kill -INT $pid 2>/dev/null; wait $pid; rm -rf "${d%/*}"';
+  // died), postgres gets a fast shutdown and the directory is removed. Lines on stdin
+  // halt ("down") and start ("up") the server, for fault-injection tests.
+  const script = [
+    'bin="$0"; d="$1"; shift; pid=""',
+    'up() { [ -z "$pid" ] && { "$bin" -D "$d" "$@" >>"${d%/*}/server.log" 2>&1 & pid=$!; }; }',
+    'down() { [ -n "$pid" ] && { kill -INT "$pid" 2>/dev/null; wait "$pid"; pid=""; }; }',
+    'trap "" INT TERM',
+    'up "$@"',
+    'while read -r cmd; do case "$cmd" in down) down ;; up) up "$@" ;; esac; done',
+    'down; rm -rf "${d%/*}"',
+  ].join("\n");
   const argv = ["sh", "-c", script, `${bindir}/postgres`, data, ...flags];
   const child = new Deno.Command(asPostgres ? "runuser" : argv[0], {
     args: asPostgres ? ["-u", "postgres", "--", ...argv] : argv.slice(1),
@@ -167,9 +181,30 @@ async function startServer(
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     })();
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
+  const command = (line: string) => stdin.write(new TextEncoder().encode(`${line}\n`));
+  const halt = async (): Promise<void> => {
+    await command("down");
+    await waitDown(url);
+  };
+  const resume = async (): Promise<void> => {
+    await command("up");
+    await waitReady(url, child.status, dir);
+  };
   try {
     const version = await waitReady(url, child.status, dir);
-    return { url, port, version, engine, stop };
+    return {
+      url,
+      port,
+      version,
+      engine,
+      stop,
+      halt,
+      resume,
+      restart: async () => {
+        await halt();
+        await resume();
+      },
+    };
   } catch (error) {
     await stop();
     throw error;
@@ -202,6 +237,23 @@ async function waitReady(
       log ? `: ${log.trim().split("\n").slice(-3).join(" | ")}` : ""
     }`,
   );
+}
+
+/** Wait until the server refuses connections. */
+async function waitDown(url: string): Promise<void> {
+  const until = Date.now() + START_TIMEOUT_MS;
+  while (Date.now() < until) {
+    const sql = postgres(url, { max: 1, connect_timeout: 2, onnotice: () => {} });
+    try {
+      await sql`select 1`;
+    } catch {
+      return;
+    } finally {
+      await sql.end({ timeout: 1 });
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new AkadzeError("throwaway PostgreSQL did not stop");
 }
 
 function engineFromEnv(): "system" | "embedded" | undefined {

@@ -2,7 +2,7 @@
 // the process that started it) leaves no server process or directory behind.
 import postgres from "postgres";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
-import { assert, assertEquals } from "./assert.ts";
+import { assert, assertEquals, assertRejects } from "./assert.ts";
 
 const hasSystemPostgres = await new Deno.Command("pg_config", { args: ["--bindir"] })
   .output()
@@ -103,3 +103,24 @@ async function processesMentioning(text: string): Promise<string[]> {
   }
   return found;
 }
+
+Deno.test("halt refuses connections, resume brings the same data back, restart does both", async () => {
+  const pg = await startThrowawayPostgres();
+  try {
+    const sql = postgres(pg.url, { max: 1, onnotice: () => {}, connect_timeout: 2 });
+    await sql`create table kept (x int)`;
+    await sql`insert into kept values (7)`;
+    await pg.halt();
+    await assertRejects(() => sql`select 1`);
+    await pg.resume();
+    assertEquals((await sql`select x from kept`)[0].x, 7);
+    const [{ t: before }] = await sql`select pg_postmaster_start_time() as t`;
+    await pg.restart();
+    await sql`select 1`.catch(() => {}); // the first query after a restart may fail (57P01)
+    const [{ t: after }] = await sql`select pg_postmaster_start_time() as t`;
+    assert(after > before, "a new postmaster");
+    await sql.end();
+  } finally {
+    await pg.stop();
+  }
+});
