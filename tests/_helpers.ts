@@ -3,6 +3,8 @@
 import postgres from "postgres";
 import { Akadze, type AkadzeOptions } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
+import { Worker, type WorkerExit } from "../src/worker/worker.ts";
+import type { WorkerOptions } from "../src/worker/config.ts";
 import type { Sql } from "../src/db.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
 
@@ -95,4 +97,53 @@ export async function withApp(
 export async function countJobs(sql: Sql): Promise<number> {
   const [{ n }] = await sql`select count(*)::int as n from akadze.jobs`;
   return n;
+}
+
+/** A worker running in this process, for tests. */
+export interface RunningWorker {
+  /** The worker. */
+  worker: Worker;
+  /** Resolves when `run()` returns. */
+  exit: Promise<WorkerExit>;
+  /** Stop gracefully and wait for the exit. */
+  stop(): Promise<WorkerExit>;
+}
+
+/** Start `new Worker(app, options).run()` with fast test timings unless overridden. */
+export function startWorker(app: Akadze, options: WorkerOptions = {}): RunningWorker {
+  const worker = new Worker(app, {
+    pollInterval: 100,
+    heartbeatInterval: 500,
+    heartbeatTtl: 5_000,
+    shutdownTimeout: 2_000,
+    ...options,
+  });
+  const exit = worker.run();
+  return {
+    worker,
+    exit,
+    stop: () => {
+      worker.stop();
+      return exit;
+    },
+  };
+}
+
+/** Wait until job `id` satisfies `check` (its row), returning the row. */
+export async function waitForJob(
+  sql: Sql,
+  id: string,
+  check: (row: Record<string, unknown>) => boolean,
+  what = "the job",
+  timeoutMs = 15_000,
+): Promise<Record<string, unknown>> {
+  const row = await waitFor(
+    async () => {
+      const [row] = await sql`select * from akadze.jobs where id = ${id}`;
+      return row && check(row) ? row : null;
+    },
+    what,
+    timeoutMs,
+  );
+  return row as Record<string, unknown>;
 }

@@ -96,7 +96,8 @@ export class Completer {
       error: o.error ?? null,
       delay_ms: o.delayMs ?? null,
     }));
-    return await tx.unsafe(this.#text, [JSON.stringify(payload)]) as unknown as JobRow[];
+    const rows = await tx.unsafe(this.#text, [JSON.stringify(payload)]);
+    return [...rows] as unknown as JobRow[];
   }
 }
 

@@ -1,0 +1,240 @@
+// The outcome of every way a run can end (SPEC §5.4), written fenced on run_count.
+import * as v from "valibot";
+import { Cancel, Fail, Retry, Snooze } from "../src/errors.ts";
+import { Completer } from "../src/worker/completer.ts";
+import { defaultBackoff, nextDelay } from "../src/worker/backoff.ts";
+import { drain } from "../src/testing.ts";
+import { assert, assertEquals, assertMatch } from "./assert.ts";
+import { withApp } from "./_helpers.ts";
+
+type Row = Record<string, unknown> & { errors: { error: string; message: string; at: string }[] };
+
+async function job(sql: import("../src/db.ts").Sql, id: string): Promise<Row> {
+  const [row] = await sql`select *, extract(epoch from run_at - now())::float8 as wait_s
+                          from akadze.jobs where id = ${id}`;
+  return row as unknown as Row;
+}
+
+Deno.test("a returned value succeeds and is stored as JSON; undefined stores NULL", async () => {
+  await withApp("out_success", async (app, sql) => {
+    const value = app.task("value", () => ({ ok: true, list: [1, "two", null] }));
+    const nothing = app.task("nothing", () => {});
+    const a = await value.enqueue();
+    const b = await nothing.enqueue();
+    await drain(app);
+    const ra = await job(sql, a);
+    assertEquals([ra.state, ra.result, ra.attempt, ra.run_count], [
+      "succeeded",
+      {
+        ok: true,
+        list: [1, "two", null],
+      },
+      0,
+      1,
+    ]);
+    assert(ra.finished_at instanceof Date && ra.worker_id === null);
+    const rb = await job(sql, b);
+    assertEquals([rb.state, rb.result], ["succeeded", null]);
+  });
+});
+
+Deno.test("an error spends an attempt and retries with backoff; the last attempt fails", async () => {
+  await withApp("out_error", async (app, sql) => {
+    let calls = 0;
+    const flaky = app.task("flaky", { maxAttempts: 2 }, () => {
+      calls++;
+      throw new TypeError(`boom ${calls}`);
+    });
+    const id = await flaky.enqueue();
+    await drain(app);
+    let row = await job(sql, id);
+    assertEquals([row.state, row.attempt, row.run_count], ["queued", 1, 1]);
+    assert((row.wait_s as number) > 0.5 && (row.wait_s as number) < 1.5, `backoff ${row.wait_s}`);
+    assertEquals(row.errors.map((e) => [e.error, e.message]), [["TypeError", "boom 1"]]);
+    await sql`update akadze.jobs set run_at = now() where id = ${id}`;
+    await drain(app);
+    row = await job(sql, id);
+    assertEquals([row.state, row.attempt, row.run_count], ["failed", 2, 2]);
+    assertEquals(row.errors.map((e) => e.message), ["boom 1", "boom 2"]);
+    assert(row.finished_at instanceof Date);
+    assertEquals(calls, 2);
+  });
+});
+
+Deno.test("Retry spends an attempt with its own delay; Snooze does not spend one", async () => {
+  await withApp("out_retry_snooze", async (app, sql) => {
+    const retry = app.task("retry", () => {
+      throw new Retry({ delay: 60_000 });
+    });
+    const snooze = app.task("snooze", () => {
+      throw new Snooze(30_000);
+    });
+    const r = await retry.enqueue();
+    const s = await snooze.enqueue();
+    await drain(app);
+    const rr = await job(sql, r);
+    assertEquals([rr.state, rr.attempt, rr.snoozes, rr.errors[0].error], ["queued", 1, 0, "Retry"]);
+    assert(Math.abs((rr.wait_s as number) - 60) < 2, `retry delay ${rr.wait_s}`);
+    const rs = await job(sql, s);
+    assertEquals([rs.state, rs.attempt, rs.snoozes, rs.errors], ["queued", 0, 1, []]);
+    assert(Math.abs((rs.wait_s as number) - 30) < 2, `snooze delay ${rs.wait_s}`);
+  });
+});
+
+Deno.test("Fail ends failed now; Cancel ends cancelled without spending an attempt", async () => {
+  await withApp("out_fail_cancel", async (app, sql) => {
+    const fail = app.task("fail", { maxAttempts: 5 }, () => {
+      throw new Fail("user deleted");
+    });
+    const cancel = app.task("cancel", () => {
+      throw new Cancel("order withdrawn");
+    });
+    const f = await fail.enqueue();
+    const c = await cancel.enqueue();
+    await drain(app);
+    const rf = await job(sql, f);
+    assertEquals([rf.state, rf.attempt, rf.errors[0].error, rf.errors[0].message], [
+      "failed",
+      1,
+      "Fail",
+      "user deleted",
+    ]);
+    const rc = await job(sql, c);
+    assertEquals([rc.state, rc.attempt, rc.result], ["cancelled", 0, null]);
+  });
+});
+
+Deno.test("a result that cannot be stored fails at once and the handler is not run again", async () => {
+  await withApp("out_unstorable", async (app, sql) => {
+    const calls: string[] = [];
+    const nul = app.task("nul", { maxAttempts: 5 }, () => {
+      calls.push("nul");
+      return "a\u0000b";
+    });
+    const nan = app.task("nan", { maxAttempts: 5 }, () => {
+      calls.push("nan");
+      return { x: NaN };
+    });
+    const date = app.task("date", { maxAttempts: 5 }, () => {
+      calls.push("date");
+      return new Date();
+    });
+    const ids = [await nul.enqueue(), await nan.enqueue(), await date.enqueue()];
+    await drain(app);
+    for (const id of ids) {
+      const row = await job(sql, id);
+      assertEquals([row.state, row.attempt, row.result, row.errors[0].error], [
+        "failed",
+        1,
+        null,
+        "ResultNotStorable",
+      ]);
+    }
+    assertEquals(calls.sort(), ["date", "nan", "nul"]);
+  });
+});
+
+Deno.test("the task's backoff overrides the default; null fails now", async () => {
+  await withApp("out_backoff", async (app, sql) => {
+    const seen: [number, string][] = [];
+    const custom = app.task("custom", {
+      maxAttempts: 5,
+      backoff: (attempt, error) => {
+        seen.push([attempt, (error as Error).message]);
+        return 120_000;
+      },
+    }, () => {
+      throw new Error("x");
+    });
+    const stop = app.task("stop", { maxAttempts: 5, backoff: () => null }, () => {
+      throw new Error("permanent");
+    });
+    const a = await custom.enqueue();
+    const b = await stop.enqueue();
+    await drain(app);
+    const ra = await job(sql, a);
+    assertEquals(ra.state, "queued");
+    assert(Math.abs((ra.wait_s as number) - 120) < 2);
+    assertEquals(seen, [[1, "x"]]);
+    const rb = await job(sql, b);
+    assertEquals([rb.state, rb.attempt], ["failed", 1]);
+  });
+});
+
+Deno.test("default backoff doubles from 1 s to a 300 s cap with ±10 % jitter", () => {
+  assertEquals(defaultBackoff(1, () => 0.5), 1000);
+  assertEquals(defaultBackoff(2, () => 0.5), 2000);
+  assertEquals(defaultBackoff(5, () => 0.5), 16000);
+  assertEquals(defaultBackoff(30, () => 0.5), 300_000);
+  assertEquals(defaultBackoff(1, () => 0), 900);
+  assertEquals(defaultBackoff(1, () => 1), 1100);
+  // A backoff callback that throws or returns nonsense falls back to the default.
+  const d = nextDelay(
+    () => {
+      throw new Error("bug");
+    },
+    1,
+    null,
+  );
+  assert(d !== null && d >= 900 && d <= 1100);
+  const n = nextDelay(() => -5, 2, null);
+  assert(n !== null && n >= 1800 && n <= 2200);
+});
+
+Deno.test("error history keeps the last 10 entries, redacted and at most 500 characters", async () => {
+  await withApp("out_errors", async (app, sql, db) => {
+    const password = new URL(db.url).password || "nopassword";
+    const noisy = app.task("noisy", { maxAttempts: 20, backoff: () => 0 }, () => {
+      throw new Error(
+        `cannot reach postgres://app:hunter2@db/app password=${password} ${"x".repeat(900)}`,
+      );
+    });
+    const id = await noisy.enqueue();
+    await drain(app); // backoff 0: every attempt is ready again at once
+    const row = await job(sql, id);
+    assertEquals([row.state, row.attempt], ["failed", 20]);
+    assertEquals(row.errors.length, 10);
+    for (const entry of row.errors) {
+      assert(!entry.message.includes("hunter2"), entry.message);
+      assertMatch(entry.message, /postgres:\/\/app:\*\*\*@db\/app/);
+      assert(entry.message.length <= 500, `length ${entry.message.length}`);
+      assert(!Number.isNaN(Date.parse(entry.at)));
+    }
+  });
+});
+
+Deno.test("arguments are validated again at run time; a mismatch spends an attempt", async () => {
+  await withApp("out_revalidate", async (app, sql) => {
+    let calls = 0;
+    const typed = app.task("typed", { args: v.object({ n: v.number() }) }, () => {
+      calls++;
+    });
+    const id = await typed.enqueue({ n: 1 });
+    // A deploy changed the payload shape under the job.
+    await sql`update akadze.jobs set args = '{"n": "one"}' where id = ${id}`;
+    await drain(app);
+    const row = await job(sql, id);
+    assertEquals([row.state, row.attempt, row.errors[0].error], ["queued", 1, "InvalidArguments"]);
+    assertMatch(row.errors[0].message, /task "typed".*n/);
+    assertEquals(calls, 0);
+  });
+});
+
+Deno.test("a stale outcome (run_count moved on) is discarded and the row is untouched", async () => {
+  await withApp("out_stale", async (app, sql) => {
+    const task = app.task("t", () => {});
+    const id = await task.enqueue();
+    await sql`update akadze.jobs set state = 'running', run_count = 2, worker_id = 'w2',
+              started_at = now() where id = ${id}`;
+    const completer = new Completer(app.sql, app.schema, []);
+    const result = await completer.write([
+      { id, runCount: 1, kind: "succeeded", result: "late" },
+    ]);
+    assertEquals(result.written, []);
+    assertEquals(result.stale.map((o) => o.id), [id]);
+    const row = await job(sql, id);
+    assertEquals([row.state, row.run_count, row.result, row.worker_id], ["running", 2, null, "w2"]);
+    const ok = await completer.write([{ id, runCount: 2, kind: "succeeded", result: "now" }]);
+    assertEquals(ok.written.map((r) => r.state), ["succeeded"]);
+  });
+});
