@@ -1,5 +1,6 @@
 // Claiming, running and stopping (SPEC §5.2, §5.3, §5.5-§5.9, §6) against a real server.
 import postgres from "postgres";
+import { Akadze } from "../src/app.ts";
 import { current } from "../src/context.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { requestCancel } from "../src/admin.ts";
@@ -12,7 +13,8 @@ import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "
 import { startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
 
 Deno.test("worker options are validated with precise messages", async () => {
-  await withApp("w_options", async (app) => {
+  const app = new Akadze({ databaseUrl: "postgres://u@127.0.0.1:1/x_test" });
+  try {
     const cases: [Record<string, unknown>, RegExp][] = [
       [{ queues: [] }, /queues must be a non-empty array/],
       [{ queues: ["bad queue"] }, /queue name "bad queue"/],
@@ -28,7 +30,9 @@ Deno.test("worker options are validated with precise messages", async () => {
       const error = assertThrows(() => new Worker(app, options as never), AkadzeError);
       assert(message.test(error.message), error.message);
     }
-  });
+  } finally {
+    await app.close();
+  }
 });
 
 Deno.test("jobs are claimed in priority order, then run_at, then id; only ready ones", async () => {
