@@ -13,7 +13,9 @@
  */
 import denoJson from "./deno.json" with { type: "json" };
 import { reportError, UsageError } from "./src/cli/common.ts";
+import { devCommand } from "./src/cli/dev.ts";
 import { migrateCommand } from "./src/cli/migrate.ts";
+import { workerCommand } from "./src/cli/worker.ts";
 
 /** The package version, from deno.json. */
 export const VERSION: string = denoJson.version;
@@ -24,6 +26,8 @@ Usage: akadze <command> [options]
 
 Commands:
   migrate [--status]   create or update the schema
+  worker APP           run jobs of the app exported by the module APP[:export]
+  dev APP              the same on a throwaway PostgreSQL (no database needed)
   beat                 (none needed: schedules run inside the worker)
 
 Options:
@@ -38,7 +42,7 @@ const BEAT_MESSAGE = "akadze has no beat process: periodic schedules run inside 
 
 /**
  * Run the CLI with the given arguments and return its exit code (0 ok, 1 failure,
- * 2 usage error).
+ * 2 usage error; `worker` and `dev` exit with 130 themselves on a second signal).
  *
  * @example
  * ```ts ignore
@@ -62,6 +66,10 @@ export async function main(args: string[]): Promise<number> {
         return 0;
       case "migrate":
         return await migrateCommand(rest);
+      case "worker":
+        return await workerCommand(rest);
+      case "dev":
+        return await devCommand(rest);
       case "beat":
         if (rest.includes("--help") || rest.includes("-h")) {
           console.log(`Usage: akadze beat\n\n${BEAT_MESSAGE}`);

@@ -66,11 +66,8 @@ export type {
   StandardSchemaResult,
   StandardSchemaV1,
 } from "./src/standard_schema.ts";
-export {
-  type LoopService,
-  Worker,
-  type WorkerExit,
-  type WorkerRunOptions,
-} from "./src/worker/worker.ts";
+export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
 export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
 export { type AdminOptions, requestCancel } from "./src/admin.ts";
+export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";
+export type { PeriodicOptions } from "./src/app.ts";

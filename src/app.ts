@@ -8,6 +8,7 @@ import { connect, DEFAULT_SCHEMA, quoteSchema, type Sql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import type { Hooks } from "./job.ts";
 import { isPlainObject } from "./json.ts";
+import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
 import {
   type AnyTask,
@@ -38,6 +39,21 @@ export interface AkadzeOptions {
   /** Use prepared statements in the owned pool. Default false. */
   prepare?: boolean;
 }
+
+/**
+ * Options of `app.periodic`: the schedule (`cron` or `every`, `overlap`, `timezone`,
+ * `args` = the arguments of every fire) plus the task options, with the argument schema
+ * under `schema` (since `args` holds the values here).
+ */
+export type PeriodicOptions<S extends StandardSchemaV1 | undefined = undefined> =
+  & Omit<TaskOptions<S>, "args">
+  & Omit<ScheduleSpec, "name" | "args">
+  & {
+    /** The arguments every fire enqueues. Default `{}`. */
+    args?: Record<string, unknown>;
+    /** A Standard Schema v1 validator of the arguments. */
+    schema?: S;
+  };
 
 /** A module of tasks: `app.include(module)` calls `module.register(app)`. */
 export interface TaskModule {
@@ -91,7 +107,10 @@ export class Akadze {
   readonly tasks: ReadonlyMap<string, AnyTask>;
   /** Hook arrays: push functions onto them. */
   readonly hooks: Hooks = { onEnqueue: [], beforeRun: [], afterRun: [], onTransition: [] };
+  /** Registered schedules by name. */
+  readonly schedules: ReadonlyMap<string, Schedule>;
   #tasks = new Map<string, AnyTask>();
+  #schedules = new Map<string, Schedule>();
   #owned: boolean;
 
   /**
@@ -134,6 +153,7 @@ export class Akadze {
     this.#owned = sql === undefined;
     this.sql = sql ?? connect(databaseUrl as string, { max, prepare: options.prepare });
     this.tasks = this.#tasks;
+    this.schedules = this.#schedules;
   }
 
   /**
@@ -201,6 +221,89 @@ export class Akadze {
     }
     module.register(this);
     return this;
+  }
+
+  /**
+   * Register a task and a schedule that fires it (Celery beat's job, inside every worker).
+   *
+   * @example
+   * ```ts ignore
+   * app.periodic("reports.nightly", { cron: "0 3 * * *", timezone: "Europe/Berlin" },
+   *   async () => { await buildReports(); });
+   * app.periodic("ops.prune", { every: 30_000, overlap: false }, prune);
+   * ```
+   */
+  periodic<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
+    name: string,
+    options: PeriodicOptions<S>,
+    handler: TaskHandler<ArgsOutput<S>, R>,
+  ): Task<ArgsInput<S>, ArgsOutput<S>, R> {
+    if (!isPlainObject(options)) {
+      throw new AkadzeError(`periodic "${name}": options must be an object`);
+    }
+    const { cron, every, overlap, timezone, args, schema, ...taskOptions } = options;
+    const spec: ScheduleSpec = { cron, every, overlap, timezone, args };
+    for (const key of Object.keys(spec) as (keyof ScheduleSpec)[]) {
+      if (spec[key] === undefined) delete spec[key];
+    }
+    // Validate the schedule before registering anything, so a bad one leaves no task.
+    const probe = new Task(this, name, { ...taskOptions, args: schema }, handler as AnyHandler);
+    const schedule = new Schedule(probe, spec);
+    if (this.#schedules.has(name)) throw new AkadzeError(`schedule "${name}" already exists`);
+    const task = this.#add(name, { ...taskOptions, args: schema }, handler as AnyHandler);
+    this.#schedules.set(name, new Schedule(task, { ...spec, name: schedule.name }));
+    return task;
+  }
+
+  /**
+   * Schedule an already registered task, e.g. from application config (already-parsed
+   * values: cron text or milliseconds). `spec.name` names the schedule (default: the task
+   * name); give one per schedule when a task has several.
+   *
+   * @example
+   * ```ts ignore
+   * app.addSchedule("ops.prune", { every: 30_000, overlap: false });
+   * ```
+   */
+  addSchedule(taskName: string, spec: ScheduleSpec): Schedule {
+    const task = this.#tasks.get(taskName);
+    if (!task) {
+      throw new AkadzeError(
+        `cannot schedule unknown task "${taskName}": register it first (app.task or app.register)`,
+      );
+    }
+    const schedule = new Schedule(task, spec);
+    if (this.#schedules.has(schedule.name)) {
+      throw new AkadzeError(`schedule "${schedule.name}" already exists`);
+    }
+    this.#schedules.set(schedule.name, schedule);
+    return schedule;
+  }
+
+  /**
+   * Add several schedules; all are validated before any is added.
+   *
+   * @example
+   * ```ts ignore
+   * app.addSchedules([
+   *   { task: "ops.prune", every: 30_000 },
+   *   { task: "reports.build", cron: "0 * * * *", args: { kind: "hourly" } },
+   * ]);
+   * ```
+   */
+  addSchedules(specs: readonly NamedScheduleSpec[]): Schedule[] {
+    if (!Array.isArray(specs)) throw new AkadzeError("addSchedules takes an array of specs");
+    const names = new Set<string>();
+    for (const { task: taskName, ...spec } of specs) {
+      const task = this.#tasks.get(taskName);
+      if (!task) throw new AkadzeError(`cannot schedule unknown task "${taskName}"`);
+      const name = new Schedule(task, spec).name;
+      if (this.#schedules.has(name) || names.has(name)) {
+        throw new AkadzeError(`schedule "${name}" already exists`);
+      }
+      names.add(name);
+    }
+    return specs.map(({ task, ...spec }) => this.addSchedule(task, spec));
   }
 
   /** Close the pool if the app owns it (an adopted `sql` is left open). */

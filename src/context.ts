@@ -27,7 +27,12 @@ export interface JobContext {
   completeTx<T>(fn: (tx: TransactionSql) => Promise<T>): Promise<T>;
 }
 
-const storage = new AsyncLocalStorage<JobContext>();
+// Shared through the global registry, so current() works when the application imports
+// another copy of akadze than the worker that runs it.
+const STORAGE = Symbol.for("akadze.context");
+const storage: AsyncLocalStorage<JobContext> =
+  ((globalThis as Record<symbol, unknown>)[STORAGE] as AsyncLocalStorage<JobContext>) ??
+    ((globalThis as Record<symbol, unknown>)[STORAGE] = new AsyncLocalStorage<JobContext>());
 
 /**
  * The context of the job running in this async call chain.

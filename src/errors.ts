@@ -33,6 +33,20 @@ export class DuplicateJob extends EnqueueError {}
 /** A migration could not be applied; the transaction was rolled back. */
 export class MigrateError extends AkadzeError {}
 
+/**
+ * Brands the control exceptions so a worker recognises them even when the application
+ * imports another copy of akadze (e.g. the app from JSR, the CLI from a checkout).
+ */
+const CONTROL = Symbol.for("akadze.control");
+
+/** The kind of control exception `error` is, or undefined. */
+export function controlKind(error: unknown): "Retry" | "Snooze" | "Fail" | "Cancel" | undefined {
+  const kind = (error as { [CONTROL]?: unknown } | null)?.[CONTROL];
+  return kind === "Retry" || kind === "Snooze" || kind === "Fail" || kind === "Cancel"
+    ? kind
+    : undefined;
+}
+
 /** Options of {@linkcode Retry}. */
 export interface RetryOptions {
   /** Milliseconds until the next attempt; default: the task's backoff. */
@@ -56,6 +70,7 @@ export class Retry extends Error {
   constructor(options: RetryOptions = {}) {
     super(options.delay === undefined ? "retry requested" : `retry in ${options.delay} ms`);
     this.name = "Retry";
+    Object.defineProperty(this, CONTROL, { value: "Retry" });
     this.delay = options.delay;
   }
 }
@@ -77,6 +92,7 @@ export class Snooze extends Error {
   constructor(delay: number) {
     super(`snooze ${delay} ms`);
     this.name = "Snooze";
+    Object.defineProperty(this, CONTROL, { value: "Snooze" });
     this.delay = delay;
   }
 }
@@ -95,6 +111,7 @@ export class Fail extends Error {
   constructor(reason?: string) {
     super(reason ?? "failed by the task");
     this.name = "Fail";
+    Object.defineProperty(this, CONTROL, { value: "Fail" });
   }
 }
 
@@ -112,5 +129,6 @@ export class Cancel extends Error {
   constructor(reason?: string) {
     super(reason ?? "cancelled by the task");
     this.name = "Cancel";
+    Object.defineProperty(this, CONTROL, { value: "Cancel" });
   }
 }

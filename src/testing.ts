@@ -203,6 +203,7 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
     batch: true,
     maxJobs: limit,
     pollInterval: 50,
+    schedules: false,
     id: `drain:${crypto.randomUUID().slice(0, 8)}`,
   });
   const exit = await worker.run();

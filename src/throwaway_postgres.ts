@@ -171,6 +171,8 @@ async function startServer(
     stdin: "piped",
     stdout: "null",
     stderr: "null",
+    // Its own session: a terminal's Ctrl-C must not stop the server before our drain ends.
+    detached: true,
   }).spawn();
   const stdin = child.stdin.getWriter();
   let stopped: Promise<void> | undefined;

@@ -238,3 +238,21 @@ Deno.test("a stale outcome (run_count moved on) is discarded and the row is unto
     assertEquals(ok.written.map((r) => r.state), ["succeeded"]);
   });
 });
+
+Deno.test("control exceptions from another copy of akadze are recognised by their brand", async () => {
+  await withApp("out_brand", async (app, sql) => {
+    // What a Snooze made by a second copy of the library looks like to this worker.
+    const foreign = Object.defineProperty(
+      Object.assign(new Error("snooze 45000 ms"), { name: "Snooze", delay: 45_000 }),
+      Symbol.for("akadze.control"),
+      { value: "Snooze" },
+    );
+    const t = app.task("t", () => {
+      throw foreign;
+    });
+    const id = await t.enqueue();
+    await drain(app);
+    const row = await job(sql, id);
+    assertEquals([row.state, row.attempt, row.snoozes], ["queued", 0, 1]);
+  });
+});

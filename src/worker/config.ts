@@ -31,6 +31,8 @@ export interface WorkerOptions {
   heartbeatFile?: string;
   /** The worker id (unique per process); default hostname:pid:random. */
   id?: string;
+  /** Dispatch the app's schedules from this worker. Default true. */
+  schedules?: boolean;
 }
 
 /** Validated worker settings: every option resolved (see {@linkcode WorkerOptions}). */
@@ -48,6 +50,7 @@ export const WORKER_DEFAULTS = {
   pollInterval: 1_000,
   shutdownTimeout: 10_000,
   batch: false,
+  schedules: true,
 } as const;
 
 const NAMES = new Set([
@@ -62,6 +65,7 @@ const NAMES = new Set([
   "maxJobs",
   "heartbeatFile",
   "id",
+  "schedules",
 ]);
 const MS_MAX = 2147483647;
 
@@ -103,7 +107,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   const maxJobs = options.maxJobs === undefined
     ? undefined
     : integer("maxJobs", options.maxJobs, 1, Number.MAX_SAFE_INTEGER);
-  for (const name of ["fair", "batch"] as const) {
+  for (const name of ["fair", "batch", "schedules"] as const) {
     if (options[name] !== undefined && typeof options[name] !== "boolean") {
       throw new AkadzeError(`${name} must be a boolean`);
     }
@@ -123,6 +127,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
     pollInterval: ms("pollInterval"),
     shutdownTimeout: ms("shutdownTimeout"),
     batch: options.batch ?? WORKER_DEFAULTS.batch,
+    schedules: options.schedules ?? WORKER_DEFAULTS.schedules,
     maxJobs,
     heartbeatFile: options.heartbeatFile,
     id: options.id,

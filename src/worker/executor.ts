@@ -9,7 +9,7 @@
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
 import { quoteSchema, redact, type TransactionSql } from "../db.ts";
-import { AkadzeError, Cancel, Fail, Retry, Snooze } from "../errors.ts";
+import { AkadzeError, controlKind } from "../errors.ts";
 import type { JobInfo } from "../job.ts";
 import { jsonProblem } from "../json.ts";
 import { formatIssues } from "../standard_schema.ts";
@@ -145,21 +145,19 @@ export class Executor {
   /** The outcome of a failed run: control exceptions, or retry with backoff. */
   #failure(task: AnyTask | undefined, job: JobInfo, error: unknown): Outcome {
     const base = { id: job.id, runCount: job.runCount };
-    if (error instanceof Snooze) {
-      const delay = error.delay;
-      if (typeof delay === "number" && Number.isFinite(delay) && delay >= 0) {
-        return { ...base, kind: "snooze", delayMs: delay };
-      }
+    const kind = controlKind(error);
+    const delay = (error as { delay?: unknown } | null)?.delay;
+    const validDelay = typeof delay === "number" && Number.isFinite(delay) && delay >= 0;
+    if (kind === "Snooze" && validDelay) return { ...base, kind: "snooze", delayMs: delay };
+    if (kind === "Cancel") return { ...base, kind: "cancel", error: this.#entry(error) };
+    if (kind === "Fail") return { ...base, kind: "fail", error: this.#entry(error) };
+    if (kind === "Retry" && validDelay) {
+      return { ...base, kind: "retry", delayMs: delay, error: this.#entry(error) };
     }
-    if (error instanceof Cancel) return { ...base, kind: "cancel", error: this.#entry(error) };
-    if (error instanceof Fail) return { ...base, kind: "fail", error: this.#entry(error) };
     const spent = job.attempt + 1;
-    if (error instanceof Retry && error.delay !== undefined && error.delay >= 0) {
-      return { ...base, kind: "retry", delayMs: error.delay, error: this.#entry(error) };
-    }
-    const delay = nextDelay(task?.backoff, spent, error);
-    if (delay === null) return { ...base, kind: "fail", error: this.#entry(error) };
-    return { ...base, kind: "retry", delayMs: delay, error: this.#entry(error) };
+    const backoff = nextDelay(task?.backoff, spent, error);
+    if (backoff === null) return { ...base, kind: "fail", error: this.#entry(error) };
+    return { ...base, kind: "retry", delayMs: backoff, error: this.#entry(error) };
   }
 
   #entry(error: unknown): { error: string; message: string } {

@@ -19,6 +19,7 @@ import type { JobRow } from "./job_row.ts";
 import { Listener } from "./listener.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
+import { Scheduler } from "./scheduler.ts";
 
 /** Why `worker.run()` returned, with the process exit code it implies. */
 export interface WorkerExit {
@@ -36,8 +37,8 @@ export interface WorkerRunOptions {
   signal?: AbortSignal;
 }
 
-/** Something the loop can run between claims (the scheduler). */
-export interface LoopService {
+/** Something the loop runs between claims (the scheduler). */
+interface LoopService {
   /** Do one pass; errors are handled like the worker's own database errors. */
   runOnce(): Promise<unknown>;
 }
@@ -138,15 +139,11 @@ export class Worker {
       this.#completer,
       typeof password === "string" && password ? [password] : [],
     );
+    if (this.config.schedules) this.#services.push(new Scheduler(app));
     this.#listener = new Listener(app.sql, app.schema, this.config.queues, {
       onJobs: () => this.#wakeUp(),
       onCancel: (id) => this.#cancel(id),
     });
-  }
-
-  /** Add a service run once per loop pass (used for schedules). */
-  addService(service: LoopService): void {
-    this.#services.push(service);
   }
 
   /** How many jobs this worker has claimed so far. */
@@ -203,7 +200,7 @@ export class Worker {
     }
     if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
     const level = exit.code === 0 ? "info" : "error";
-    this.#log[level]("worker {workerId} stopped: {reason}", {
+    this.#log[level](`worker {workerId} stopped: {reason}${exit.message ? ": {message}" : ""}`, {
       event: "worker_stopped",
       workerId: this.id,
       reason: exit.reason,
@@ -515,7 +512,7 @@ export class Worker {
     for (const run of remaining) run.execution.interrupt("shutdown");
     const released = Promise.all(remaining.map((r) => r.done));
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
-    await released;
+    await this.#untilReleased(released);
     clearTimeout(timer);
   }
 
@@ -524,8 +521,22 @@ export class Worker {
     const remaining = [...this.#inflight.values()];
     for (const run of remaining) run.execution.interrupt("shutdown");
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
-    await Promise.all(remaining.map((r) => r.done));
+    await this.#untilReleased(Promise.all(remaining.map((r) => r.done)));
     clearTimeout(timer);
+  }
+
+  /**
+   * Wait for the release writes, but not past the abandon (RELEASE_TIMEOUT): a write can
+   * be stuck in the driver (its reconnect backoff while the database is down) long after.
+   */
+  #untilReleased(writes: Promise<unknown>): Promise<unknown> {
+    const { signal } = this.#abandon;
+    return Promise.race([
+      writes,
+      new Promise((resolve) =>
+        signal.aborted ? resolve(null) : signal.addEventListener("abort", resolve, { once: true })
+      ),
+    ]);
   }
 
   #fatal(error: unknown): WorkerExit {

@@ -1,0 +1,144 @@
+/**
+ * `akadze worker APP[:export] [options]`: run a worker for an application module.
+ *
+ * @module
+ */
+import type { Akadze } from "../app.ts";
+import { describeError, isTransientError } from "../db.ts";
+import { AkadzeError } from "../errors.ts";
+import { logger } from "../log.ts";
+import { pendingVersions } from "../migrate.ts";
+import { Worker } from "../worker/worker.ts";
+import { UsageError } from "./common.ts";
+import { loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
+import { configureCliLogging } from "./logging.ts";
+import { handleStopSignals } from "./signals.ts";
+import { parseWorkerCommandLine, type WorkerCommandLine, workerFlagsHelp } from "./worker_flags.ts";
+
+/** Help text of `akadze worker`. */
+export function workerHelp(): string {
+  return `Usage: akadze worker APP[:export] [options]
+
+Run jobs of the Akadze app exported by the module APP: a path relative to the current
+directory, or a file: URL. The export is the one named after the colon, else "app",
+else the default export. The app opens its own connection (typically from
+AKADZE_DATABASE_URL); its schema must be migrated (akadze migrate).
+
+${workerFlagsHelp()}`;
+}
+
+/** Run `akadze worker`; returns the exit code. */
+export async function workerCommand(args: string[]): Promise<number> {
+  const line = parseWorkerCommandLine(args, "worker");
+  if (line.help) {
+    console.log(workerHelp());
+    return 0;
+  }
+  const target = parseAppTarget(line.app);
+  const stop = new AbortController();
+  const removeSignals = stopOnSignals(stop);
+  try {
+    const loaded = await loadApp(target);
+    return await runAppWorker(loaded, line, stop.signal);
+  } finally {
+    removeSignals();
+  }
+}
+
+/**
+ * Listen for SIGINT/SIGTERM: the first aborts `controller` (a graceful stop), a second
+ * exits with 130. Returns a function that removes the listeners.
+ */
+export function stopOnSignals(controller: AbortController): () => void {
+  const log = logger("cli");
+  return handleStopSignals({
+    onFirst(signal) {
+      log.info("{signal}: stopping gracefully (send it again to exit at once)", {
+        event: "stop_requested",
+        signal,
+      });
+      controller.abort();
+    },
+    onForce(signal) {
+      log.warn("{signal} again: exiting now, running jobs are left to the lease", {
+        event: "stop_forced",
+        signal,
+      });
+    },
+  });
+}
+
+/**
+ * Configure logging, check that the app's schema is migrated, run a worker until it
+ * stops (or `signal` aborts), close the app and return the worker's exit code.
+ */
+export async function runAppWorker(
+  loaded: LoadedApp,
+  line: WorkerCommandLine,
+  signal: AbortSignal,
+): Promise<number> {
+  const { app } = loaded;
+  const log = logger("cli");
+  const secrets = appSecrets(app);
+  try {
+    await configureCliLogging(line.logging);
+    if (!loaded.sameCopy) {
+      log.warn(
+        "the app imports another copy of akadze than this CLI's; run the CLI of the same " +
+          "package and version so that Retry, Snooze, Fail, Cancel and current() work",
+        { event: "app_other_copy" },
+      );
+    }
+    let worker: Worker;
+    try {
+      worker = new Worker(app, line.worker);
+    } catch (error) {
+      if (error instanceof AkadzeError) throw new UsageError(error.message);
+      throw error;
+    }
+    if (app.tasks.size === 0) {
+      log.warn("the app registers no tasks: nothing can run", { event: "app_without_tasks" });
+    }
+    await assertMigrated(app, secrets);
+    const exit = await worker.run({ signal });
+    if (exit.code !== 0) {
+      console.error(`error: ${describeError(exit.message ?? exit.reason, secrets)}`);
+    }
+    return exit.code;
+  } catch (error) {
+    if (error instanceof UsageError) throw error;
+    throw new Error(describeError(error, secrets), { cause: error });
+  } finally {
+    await closeApp(app);
+  }
+}
+
+/** A one-line failure when the schema is missing or behind; a database that is down is not. */
+async function assertMigrated(app: Akadze, secrets: string[]): Promise<void> {
+  let pending: string[];
+  try {
+    pending = await pendingVersions(app.sql, { schema: app.schema });
+  } catch (error) {
+    // The worker starts while the database is down and keeps retrying (SPEC §5.10).
+    if (isTransientError(error)) return;
+    throw new Error(`cannot use the app's database: ${describeError(error, secrets)}`);
+  }
+  if (pending.length > 0) {
+    throw new Error(
+      `schema "${app.schema}" is not migrated (pending: ${pending.join(", ")}): run akadze migrate`,
+    );
+  }
+}
+
+async function closeApp(app: Akadze): Promise<void> {
+  try {
+    await app.close();
+  } catch {
+    // The process is about to exit: a pool that does not end cleanly changes nothing.
+  }
+}
+
+function appSecrets(app: Akadze): string[] {
+  const password = (app.sql?.options as { pass?: unknown } | undefined)?.pass;
+  return typeof password === "string" && password ? [password] : [];
+}

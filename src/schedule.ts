@@ -1,0 +1,209 @@
+/**
+ * Periodic schedules: a cron expression (croner, in UTC unless a timezone is given) or an
+ * interval aligned to multiples since the Unix epoch, firing a registered task with fixed
+ * arguments. Validated at registration; dispatched by every worker (see
+ * `worker/scheduler.ts`), each fire enqueued once across all of them.
+ *
+ * @module
+ */
+import { Cron } from "croner";
+import { AkadzeError } from "./errors.ts";
+import { isPlainObject, jsonProblem } from "./json.ts";
+import { formatIssues } from "./standard_schema.ts";
+import type { AnyTask } from "./task.ts";
+
+/** When and how a schedule fires. Exactly one of `cron` and `every`. */
+export interface ScheduleSpec {
+  /** A 5-field cron expression, or an alias such as `@hourly`, `@daily`, `@weekly`. */
+  cron?: string;
+  /** An interval in milliseconds; fires at multiples of it since the Unix epoch. */
+  every?: number;
+  /** false: skip a fire while an earlier run of this schedule is queued or running. Default true. */
+  overlap?: boolean;
+  /** IANA time zone for `cron`. Default `"UTC"`. */
+  timezone?: string;
+  /** The task arguments of every fire (validated now against the task's schema). Default `{}`. */
+  args?: Record<string, unknown>;
+  /** The schedule's name (unique in the app). Default: the task name. */
+  name?: string;
+}
+
+/** A named schedule spec, for `app.addSchedules([...])`: `task` names the registered task. */
+export interface NamedScheduleSpec extends ScheduleSpec {
+  /** The registered task to fire. */
+  task: string;
+}
+
+const SPEC_NAMES = new Set(["cron", "every", "overlap", "timezone", "args", "name"]);
+const CRON_ALIASES = new Set([
+  "@yearly",
+  "@annually",
+  "@monthly",
+  "@weekly",
+  "@daily",
+  "@midnight",
+  "@hourly",
+]);
+/** Intervals must be at least a second and at most a year. */
+const EVERY_MIN = 1_000;
+const EVERY_MAX = 366 * 86_400_000;
+
+/** A validated schedule. */
+export class Schedule {
+  /** Unique name (the `periodic_runs.name`). */
+  readonly name: string;
+  /** The task it fires. */
+  readonly task: AnyTask;
+  /** Cron expression, when cron-based. */
+  readonly cron: string | undefined;
+  /** Interval in ms, when interval-based. */
+  readonly every: number | undefined;
+  /** Whether fires may overlap a previous run. */
+  readonly overlap: boolean;
+  /** Time zone of the cron expression. */
+  readonly timezone: string;
+  /** The arguments each fire enqueues (the schema's output). */
+  readonly args: Record<string, unknown>;
+  #cron: Cron | undefined;
+
+  /**
+   * Validate a spec for a task; `AkadzeError` with a precise message otherwise.
+   *
+   * @param task The registered task to fire.
+   * @param spec When and how.
+   */
+  constructor(task: AnyTask, spec: ScheduleSpec) {
+    const name = spec.name ?? task.name;
+    const where = `schedule "${name}"`;
+    if (!isPlainObject(spec)) throw new AkadzeError(`${where}: the spec must be an object`);
+    for (const key of Object.keys(spec)) {
+      if (!SPEC_NAMES.has(key)) {
+        throw new AkadzeError(
+          `${where}: unknown option "${key}" (options: ${[...SPEC_NAMES].join(", ")})`,
+        );
+      }
+    }
+    if (typeof name !== "string" || name.length < 1 || name.length > 200) {
+      throw new AkadzeError(`schedule name must be a string of 1-200 characters`);
+    }
+    if ((spec.cron === undefined) === (spec.every === undefined)) {
+      throw new AkadzeError(`${where}: give exactly one of cron and every`);
+    }
+    const timezone = spec.timezone ?? "UTC";
+    if (typeof timezone !== "string" || !isTimeZone(timezone)) {
+      throw new AkadzeError(`${where}: unknown time zone ${JSON.stringify(timezone)}`);
+    }
+    if (spec.timezone !== undefined && spec.every !== undefined) {
+      throw new AkadzeError(`${where}: timezone applies to cron only (every is zone-free)`);
+    }
+    if (spec.cron !== undefined) {
+      this.#cron = parseCron(where, spec.cron, timezone);
+    } else if (
+      typeof spec.every !== "number" || !Number.isInteger(spec.every) || spec.every < EVERY_MIN ||
+      spec.every > EVERY_MAX
+    ) {
+      throw new AkadzeError(
+        `${where}: every must be a whole number of milliseconds from ${EVERY_MIN} to ${EVERY_MAX}, got ${spec.every}`,
+      );
+    }
+    if (spec.overlap !== undefined && typeof spec.overlap !== "boolean") {
+      throw new AkadzeError(`${where}: overlap must be a boolean`);
+    }
+    this.name = name;
+    this.task = task;
+    this.cron = spec.cron;
+    this.every = spec.every;
+    this.overlap = spec.overlap ?? true;
+    this.timezone = timezone;
+    this.args = validateArgs(where, task, spec.args ?? {});
+  }
+
+  /** The most recent fire at or before `now`, or null when there is none. */
+  lastFire(now: Date): Date | null {
+    if (this.every !== undefined) {
+      return new Date(Math.floor(now.getTime() / this.every) * this.every);
+    }
+    // previousRuns excludes its reference instant; look from just after `now`.
+    const [previous] = this.#cron!.previousRuns(1, new Date(now.getTime() + 1));
+    return previous ?? null;
+  }
+
+  /** The first fire strictly after `now`, or null when there is none. */
+  nextFire(now: Date): Date | null {
+    if (this.every !== undefined) {
+      return new Date((Math.floor(now.getTime() / this.every) + 1) * this.every);
+    }
+    return this.#cron!.nextRun(now);
+  }
+
+  /** The fires after `from` up to and including `to` (at most `limit`), for inspection and tests. */
+  firesBetween(from: Date, to: Date, limit = 1000): Date[] {
+    const fires: Date[] = [];
+    for (let t = this.nextFire(from); t && t <= to && fires.length < limit; t = this.nextFire(t)) {
+      fires.push(t);
+    }
+    return fires;
+  }
+
+  /** A one-line description: `cron "0 * * * *" (UTC)` or `every 30000 ms`. */
+  describe(): string {
+    return this.cron !== undefined
+      ? `cron ${JSON.stringify(this.cron)} (${this.timezone})`
+      : `every ${this.every} ms`;
+  }
+}
+
+function parseCron(where: string, cron: unknown, timezone: string): Cron {
+  if (typeof cron !== "string") throw new AkadzeError(`${where}: cron must be a string`);
+  const text = cron.trim();
+  const fields = text.split(/\s+/);
+  if (!CRON_ALIASES.has(text.toLowerCase()) && fields.length !== 5) {
+    throw new AkadzeError(
+      `${where}: cron must have 5 fields (minute hour day month weekday) or be an alias ` +
+        `such as @hourly, got ${JSON.stringify(cron)}`,
+    );
+  }
+  try {
+    const parsed = new Cron(text, { paused: true, timezone });
+    if (!parsed.nextRun(new Date(0))) throw new Error("it never fires");
+    return parsed;
+  } catch (error) {
+    throw new AkadzeError(
+      `${where}: invalid cron ${JSON.stringify(cron)}: ${(error as Error).message}`,
+    );
+  }
+}
+
+function validateArgs(
+  where: string,
+  task: AnyTask,
+  args: unknown,
+): Record<string, unknown> {
+  let value = args;
+  if (task.args) {
+    const result = task.args["~standard"].validate(args);
+    if (result instanceof Promise) {
+      throw new AkadzeError(
+        `${where}: the args schema of task "${task.name}" is asynchronous; schedules need one ` +
+          `that validates synchronously at registration`,
+      );
+    }
+    if (result.issues) {
+      throw new AkadzeError(`${where}: invalid args: ${formatIssues(result.issues)}`);
+    }
+    value = result.value;
+  }
+  if (!isPlainObject(value)) throw new AkadzeError(`${where}: args must be a JSON object`);
+  const problem = jsonProblem(value, "args");
+  if (problem) throw new AkadzeError(`${where}: args cannot be stored: ${problem}`);
+  return value as Record<string, unknown>;
+}
+
+function isTimeZone(zone: string): boolean {
+  try {
+    new Intl.DateTimeFormat("en", { timeZone: zone });
+    return true;
+  } catch {
+    return false;
+  }
+}

@@ -1,0 +1,135 @@
+/**
+ * The scheduler: inside every worker, enqueues each schedule's most recent due fire
+ * (within the app's `grace`) exactly once across all workers: the `periodic_runs`
+ * primary key `(name, fire_at)` decides who enqueues it, in the same transaction as the
+ * job. Missed fires older than the grace are never backfilled.
+ *
+ * @module
+ */
+import type { Akadze } from "../app.ts";
+import { describeError, isTransientError, quoteSchema } from "../db.ts";
+import { logger } from "../log.ts";
+import type { Schedule } from "../schedule.ts";
+
+/** What one pass did, by schedule name. */
+export interface SchedulerResult {
+  /** Fires this worker enqueued. */
+  fired: string[];
+  /** Fires recorded as skipped (overlap: false with an earlier run still active). */
+  skipped: string[];
+  /** Fires another worker had already taken. */
+  taken: string[];
+  /** Fires whose dispatch failed (logged; retried later within the grace). */
+  failed: string[];
+}
+
+const CLOCK_SYNC_EVERY = 60_000;
+const RETRY_MIN = 1_000;
+const RETRY_MAX = 60_000;
+
+/** Dispatches due schedule fires for one worker. */
+export class Scheduler {
+  #app: Akadze;
+  #log = logger("schedule");
+  #statements: { claim: string; busy: string; link: string; now: string };
+  /** The last fire handled (or given up on) per schedule, in ms. */
+  #handled = new Map<string, number>();
+  /** When a failed schedule may be tried again, and its current backoff. */
+  #retry = new Map<string, { at: number; delay: number }>();
+  #offset = 0;
+  #nextSync = 0;
+
+  /** Make a scheduler for an app's schedules. */
+  constructor(app: Akadze) {
+    this.#app = app;
+    const s = quoteSchema(app.schema);
+    this.#statements = {
+      claim: `insert into ${s}.periodic_runs (name, fire_at) values ($1, $2)
+              on conflict do nothing returning name`,
+      busy: `select 1 from ${s}.periodic_runs r join ${s}.jobs j on j.id = r.job_id
+              where r.name = $1 and j.state in ('queued', 'running') limit 1`,
+      link: `update ${s}.periodic_runs set job_id = $3 where name = $1 and fire_at = $2`,
+      now: `select extract(epoch from now())::float8 * 1000 as now`,
+    };
+  }
+
+  /** The database's clock, as measured at the last sync (ms since the epoch). */
+  now(): number {
+    return Date.now() + this.#offset;
+  }
+
+  /** Enqueue every due fire not handled yet. A failing schedule never stops the others. */
+  async runOnce(): Promise<SchedulerResult> {
+    const result: SchedulerResult = { fired: [], skipped: [], taken: [], failed: [] };
+    if (this.#app.schedules.size === 0) return result;
+    if (Date.now() >= this.#nextSync) await this.#syncClock();
+    const now = this.now();
+    for (const schedule of this.#app.schedules.values()) {
+      const fire = schedule.lastFire(new Date(now));
+      if (!fire) continue;
+      const at = fire.getTime();
+      if (now - at > this.#app.grace || (this.#handled.get(schedule.name) ?? -Infinity) >= at) {
+        continue;
+      }
+      const retry = this.#retry.get(schedule.name);
+      if (retry && Date.now() < retry.at) continue;
+      try {
+        const outcome = await this.#dispatch(schedule, fire);
+        this.#handled.set(schedule.name, at);
+        this.#retry.delete(schedule.name);
+        result[outcome].push(schedule.name);
+      } catch (error) {
+        if (!isTransientError(error)) {
+          // Database unreachable is the worker's business; anything else is this schedule's.
+          this.#log.error("schedule {schedule} failed to fire: {message}", {
+            event: "schedule_failed",
+            schedule: schedule.name,
+            fireAt: fire.toISOString(),
+            message: describeError(error),
+          });
+        }
+        const delay = Math.min(Math.max((retry?.delay ?? 0) * 2, RETRY_MIN), RETRY_MAX);
+        this.#retry.set(schedule.name, { at: Date.now() + delay, delay });
+        result.failed.push(schedule.name);
+        if (isTransientError(error)) throw error;
+      }
+    }
+    return result;
+  }
+
+  async #dispatch(schedule: Schedule, fire: Date): Promise<"fired" | "skipped" | "taken"> {
+    const { claim, busy, link } = this.#statements;
+    const outcome = await this.#app.sql.begin(async (tx) => {
+      const [claimed] = await tx.unsafe(claim, [schedule.name, fire]);
+      if (!claimed) return { kind: "taken" as const };
+      if (!schedule.overlap && (await tx.unsafe(busy, [schedule.name])).length > 0) {
+        return { kind: "skipped" as const };
+      }
+      const id = await schedule.task.using({ session: tx }).enqueue(schedule.args);
+      await tx.unsafe(link, [schedule.name, fire, id]);
+      return { kind: "fired" as const, id };
+    });
+    const props = { schedule: schedule.name, fireAt: fire.toISOString() };
+    if (outcome.kind === "fired") {
+      this.#log.info("schedule {schedule} fired job {jobId}", {
+        event: "schedule_fired",
+        jobId: outcome.id,
+        ...props,
+      });
+    } else if (outcome.kind === "skipped") {
+      this.#log.info("schedule {schedule} skipped: its previous run is still active", {
+        event: "schedule_skipped",
+        ...props,
+      });
+    }
+    return outcome.kind;
+  }
+
+  async #syncClock(): Promise<void> {
+    const before = Date.now();
+    const [{ now }] = await this.#app.sql.unsafe(this.#statements.now);
+    const after = Date.now();
+    this.#offset = now - (before + after) / 2;
+    this.#nextSync = after + CLOCK_SYNC_EVERY;
+  }
+}
