@@ -68,6 +68,31 @@ export type {
 } from "./src/standard_schema.ts";
 export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
 export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
-export { type AdminOptions, requestCancel } from "./src/admin.ts";
+export {
+  type AdminOptions,
+  clearLimit,
+  type Database,
+  getJob,
+  type GetJobOptions,
+  type JobDetail,
+  type JobSummary,
+  type LimitOptions,
+  type LimitSummary,
+  listJobs,
+  type ListJobsOptions,
+  listLimits,
+  listQueues,
+  listWorkers,
+  pauseQueue,
+  type QueueSnapshot,
+  queueSnapshot,
+  type QueueSummary,
+  requestCancel,
+  requeue,
+  resumeQueue,
+  type Session,
+  setLimit,
+  type WorkerSummary,
+} from "./src/admin.ts";
 export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";
 export type { PeriodicOptions } from "./src/app.ts";

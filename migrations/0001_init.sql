@@ -48,6 +48,9 @@ CREATE INDEX jobs_cancel_idx ON {{schema}}.jobs (queue)
 -- Rescue and shutdown find a worker's running jobs.
 CREATE INDEX jobs_running_worker_idx ON {{schema}}.jobs (worker_id)
   WHERE state = 'running';
+-- The claim finds limit keys with ready jobs (drives from the small limits table).
+CREATE INDEX jobs_queued_limit_idx ON {{schema}}.jobs (limit_key)
+  WHERE state = 'queued' AND limit_key IS NOT NULL;
 -- maxRunning counts running jobs per limit key.
 CREATE INDEX jobs_running_limit_idx ON {{schema}}.jobs (limit_key)
   WHERE state = 'running' AND limit_key IS NOT NULL;

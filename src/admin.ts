@@ -1,18 +1,29 @@
 /**
- * Admin operations. Writes run in the caller's transaction (`session`); reads take the
- * app or a postgres.js instance.
+ * Operating queues from code. Writes take a `session` (a postgres.js instance or the
+ * caller's transaction) and run in it; reads take the app or a postgres.js instance and
+ * never change anything. Admin writes do not run the app's hooks.
  *
  * @module
  */
-import { cancelChannel, type Sql, type TransactionSql } from "./db.ts";
-import { quoteSchema } from "./db.ts";
-import { AkadzeError } from "./errors.ts";
+import { cancelChannel, jobsChannel, quoteSchema, type Sql, type TransactionSql } from "./db.ts";
+import { QUEUE_NAME } from "./enqueue.ts";
+import { AkadzeError, DuplicateJob } from "./errors.ts";
+import type { JobState } from "./job.ts";
 
 /** Options of the admin functions. */
 export interface AdminOptions {
-  /** The schema of akadze's tables. Default `"akadze"`. */
+  /** The schema of akadze's tables. Default `"akadze"` (or the app's, when given the app). */
   schema?: string;
 }
+
+/** Where reads go: the app (its pool and schema) or a postgres.js instance. */
+export type Database = Sql | { readonly sql: Sql; readonly schema: string };
+
+/** A write session: a postgres.js instance or a transaction of one. */
+export type Session = Sql | TransactionSql;
+
+const STATES: readonly JobState[] = ["queued", "running", "succeeded", "failed", "cancelled"];
+const KEY_MAX = 500;
 
 /**
  * Request the cancellation of a queued or running job, in the caller's transaction. A
@@ -27,7 +38,7 @@ export interface AdminOptions {
  * ```
  */
 export async function requestCancel(
-  session: Sql | TransactionSql,
+  session: Session,
   jobId: string,
   options: AdminOptions = {},
 ): Promise<boolean> {
@@ -44,6 +55,551 @@ export async function requestCancel(
   return rows.length > 0;
 }
 
+/**
+ * Put a `failed` job back to `queued`, in the caller's transaction. It keeps its attempt
+ * count, errors and arguments; `maxAttempts` is raised to `attempt + 1` when needed (so it
+ * gets one more run), and `expiresAt` is cleared only if it has passed. A conflicting
+ * active `uniqueKey` raises `DuplicateJob`, the job stays failed and the caller's
+ * transaction stays usable. Any other state, or an unknown id, is an `AkadzeError`.
+ *
+ * @example
+ * ```ts ignore
+ * import { requeue } from "@akadze/akadze";
+ * await app.sql.begin((tx) => requeue(tx, "42"));
+ * ```
+ */
+export async function requeue(
+  session: Session,
+  jobId: string,
+  options: AdminOptions = {},
+): Promise<void> {
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const id = normalizeId(jobId);
+  const statement = `
+    with target as (
+      select id, state from ${s}.jobs where id = $1::bigint for update
+    ),
+    moved as (
+      update ${s}.jobs j set
+        state = 'queued', run_at = now(), finished_at = null, worker_id = null, result = null,
+        cancel_requested_at = null,
+        max_attempts = greatest(j.max_attempts, j.attempt + 1),
+        expires_at = case when j.expires_at <= now() then null else j.expires_at end
+        from target where j.id = target.id and target.state = 'failed'
+      returning j.queue)
+    select (select state from target) as state,
+           (select pg_notify($2, queue) from moved) as notified,
+           (select count(*) from moved)::int as moved`;
+  let row: { state: string | null; moved: number };
+  try {
+    row = await inSavepoint(session, async (tx) => {
+      const [r] = await tx.unsafe(statement, [id, jobsChannel(schema)]);
+      return r as unknown as { state: string | null; moved: number };
+    });
+  } catch (error) {
+    if ((error as { code?: unknown }).code === "23505") {
+      throw new DuplicateJob(
+        `job ${id} cannot be requeued: another job with its uniqueKey is queued or running`,
+      );
+    }
+    throw error;
+  }
+  if (row.state === null) throw new AkadzeError(`job ${id} does not exist`);
+  if (row.moved === 0) throw new AkadzeError(`job ${id} is not failed (it is ${row.state})`);
+}
+
+/**
+ * Stop claims from a queue (running jobs finish; enqueue still works). Returns false when
+ * it was already paused.
+ *
+ * @example
+ * ```ts ignore
+ * import { pauseQueue } from "@akadze/akadze";
+ * await pauseQueue(app.sql, "mail");
+ * ```
+ */
+export async function pauseQueue(
+  session: Session,
+  queue: string,
+  options: AdminOptions = {},
+): Promise<boolean> {
+  const s = quoteSchema(options.schema ?? "akadze");
+  const rows = await session.unsafe(
+    `insert into ${s}.queue_pauses (queue) values ($1) on conflict do nothing returning queue`,
+    [checkQueue(queue)],
+  );
+  return rows.length > 0;
+}
+
+/**
+ * Resume claims from a paused queue and wake its workers. Returns false when it was not
+ * paused.
+ *
+ * @example
+ * ```ts ignore
+ * import { resumeQueue } from "@akadze/akadze";
+ * await resumeQueue(app.sql, "mail");
+ * ```
+ */
+export async function resumeQueue(
+  session: Session,
+  queue: string,
+  options: AdminOptions = {},
+): Promise<boolean> {
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const rows = await session.unsafe(
+    `with resumed as (delete from ${s}.queue_pauses where queue = $1 returning queue)
+     select queue, pg_notify($2, queue) from resumed`,
+    [checkQueue(queue), jobsChannel(schema)],
+  );
+  return rows.length > 0;
+}
+
+/** Limits of one key; `undefined` keeps the stored value, `null` removes it. */
+export interface LimitOptions {
+  /** At most this many jobs with the key run at once, cluster-wide. */
+  maxRunning?: number | null;
+  /** At most this many jobs with the key start per `window`. */
+  maxStarts?: number | null;
+  /** The rate window in milliseconds (with `maxStarts`). */
+  window?: number | null;
+}
+
+/**
+ * Set the limits of a `limitKey`, in the caller's transaction. Omitted fields keep their
+ * previous values; `null` removes one. `maxStarts` and `window` go together.
+ *
+ * @example
+ * ```ts ignore
+ * import { setLimit } from "@akadze/akadze";
+ * await setLimit(app.sql, "smtp", { maxRunning: 5, maxStarts: 100, window: 60_000 });
+ * ```
+ */
+export async function setLimit(
+  session: Session,
+  key: string,
+  limits: LimitOptions,
+  options: AdminOptions = {},
+): Promise<LimitSummary> {
+  const s = quoteSchema(options.schema ?? "akadze");
+  checkKey(key);
+  if (typeof limits !== "object" || limits === null) {
+    throw new AkadzeError("setLimit needs { maxRunning?, maxStarts?, window? }");
+  }
+  for (const name of Object.keys(limits)) {
+    if (!["maxRunning", "maxStarts", "window"].includes(name)) {
+      throw new AkadzeError(`unknown limit "${name}" (limits: maxRunning, maxStarts, window)`);
+    }
+  }
+  const { maxRunning, maxStarts, window } = limits;
+  if (maxRunning === undefined && maxStarts === undefined && window === undefined) {
+    throw new AkadzeError("setLimit needs at least one of maxRunning, maxStarts, window");
+  }
+  for (const [name, value] of [["maxRunning", maxRunning], ["maxStarts", maxStarts]] as const) {
+    if (value != null && (!Number.isInteger(value) || value < 1 || value > 2147483647)) {
+      throw new AkadzeError(`${name} must be an integer from 1 to 2147483647, got ${value}`);
+    }
+  }
+  if (window != null && (!Number.isInteger(window) || window < 1 || window > 366 * 86_400_000)) {
+    throw new AkadzeError(
+      `window must be a whole number of milliseconds up to a year, got ${window}`,
+    );
+  }
+  const keep = (value: unknown) => value === undefined;
+  const [row] = await inSavepoint(session, (tx) =>
+    tx.unsafe(
+      `insert into ${s}.limits as l (key, max_running, max_starts, "window")
+       values ($1, $2::int, $4::int, $6::float8 * interval '1 millisecond')
+       on conflict (key) do update set
+         max_running = case when $3 then l.max_running else excluded.max_running end,
+         max_starts = case when $5 then l.max_starts else excluded.max_starts end,
+         "window" = case when $7 then l."window" else excluded."window" end,
+         updated_at = now()
+       returning ${limitColumns(s)}`,
+      [
+        key,
+        maxRunning ?? null,
+        keep(maxRunning),
+        maxStarts ?? null,
+        keep(maxStarts),
+        window ?? null,
+        keep(window),
+      ],
+    ).catch((error) => {
+      if ((error as { code?: unknown }).code === "23514") {
+        throw new AkadzeError(
+          `limit "${key}": maxStarts and window must be set together (and removed together)`,
+        );
+      }
+      throw error;
+    }));
+  return toLimit(row);
+}
+
+/**
+ * Remove a key's limits and its start marks (idempotent): the key becomes unlimited, and a
+ * later `setLimit` counts starts from zero. Returns whether a limits row existed.
+ *
+ * @example
+ * ```ts ignore
+ * import { clearLimit } from "@akadze/akadze";
+ * await clearLimit(app.sql, "smtp");
+ * ```
+ */
+export async function clearLimit(
+  session: Session,
+  key: string,
+  options: AdminOptions = {},
+): Promise<boolean> {
+  const s = quoteSchema(options.schema ?? "akadze");
+  checkKey(key);
+  const [row] = await session.unsafe(
+    `with gone as (delete from ${s}.limits where key = $1 returning key),
+          marks as (delete from ${s}.limit_starts where key = $1)
+     select count(*)::int as n from gone`,
+    [key],
+  );
+  return row.n > 0;
+}
+
+/** Counts of one queue, from {@linkcode queueSnapshot}. */
+export interface QueueSnapshot {
+  /** The queue. */
+  queue: string;
+  /** Jobs per state (every state present, 0 when none). */
+  counts: Record<JobState, number>;
+  /** Seconds the oldest ready queued job has waited (0 when none). */
+  lagSeconds: number;
+  /** Ready queued jobs (run_at passed). */
+  ready: number;
+  /** Running jobs. */
+  busy: number;
+  /** Whether claims are paused. */
+  paused: boolean;
+}
+
+/**
+ * Per queue and state counts, the lag of the oldest ready job and the running count, all
+ * from one consistent snapshot. Queues with no jobs but a pause are included.
+ *
+ * @example
+ * ```ts ignore
+ * import { queueSnapshot } from "@akadze/akadze";
+ * for (const q of await queueSnapshot(app)) console.log(q.queue, q.lagSeconds);
+ * ```
+ */
+export async function queueSnapshot(
+  db: Database,
+  options: AdminOptions = {},
+): Promise<QueueSnapshot[]> {
+  const [sql, s] = target(db, options);
+  const rows = await sql.begin("isolation level repeatable read read only", async (tx) => {
+    const counts = await tx.unsafe(
+      `select queue, state, count(*)::int as n,
+              count(*) filter (where state = 'queued' and run_at <= now())::int as ready,
+              coalesce(extract(epoch from now() - min(run_at)
+                filter (where state = 'queued' and run_at <= now())), 0)::float8 as lag
+         from ${s}.jobs group by queue, state`,
+    );
+    const pauses = await tx.unsafe(`select queue from ${s}.queue_pauses`);
+    return { counts, pauses };
+  });
+  const paused = new Set(rows.pauses.map((r) => r.queue as string));
+  const byQueue = new Map<string, QueueSnapshot>();
+  const entry = (queue: string): QueueSnapshot => {
+    let q = byQueue.get(queue);
+    if (!q) {
+      q = {
+        queue,
+        counts: Object.fromEntries(STATES.map((st) => [st, 0])) as Record<JobState, number>,
+        lagSeconds: 0,
+        ready: 0,
+        busy: 0,
+        paused: paused.has(queue),
+      };
+      byQueue.set(queue, q);
+    }
+    return q;
+  };
+  for (const r of rows.counts) {
+    const q = entry(r.queue);
+    q.counts[r.state as JobState] = r.n;
+    q.ready += r.ready;
+    q.lagSeconds = Math.max(q.lagSeconds, Math.max(0, r.lag));
+    if (r.state === "running") q.busy = r.n;
+  }
+  for (const queue of paused) entry(queue);
+  return [...byQueue.values()].sort((a, b) => a.queue.localeCompare(b.queue));
+}
+
+/** A job without its arguments, result and errors, as `listJobs` returns it. */
+export interface JobSummary {
+  /** Job id. */
+  id: string;
+  /** Task name. */
+  task: string;
+  /** Queue. */
+  queue: string;
+  /** State. */
+  state: JobState;
+  /** Priority. */
+  priority: number;
+  /** Attempts spent. */
+  attempt: number;
+  /** Attempt budget. */
+  maxAttempts: number;
+  /** Claims so far. */
+  runCount: number;
+  /** When it is (was) ready. */
+  runAt: Date;
+  /** Enqueued at. */
+  createdAt: Date;
+  /** Last run started at. */
+  startedAt: Date | null;
+  /** Finished at. */
+  finishedAt: Date | null;
+  /** The worker running it. */
+  workerId: string | null;
+  /** Unique key. */
+  uniqueKey: string | null;
+  /** Limit key. */
+  limitKey: string | null;
+  /** Expiry. */
+  expiresAt: Date | null;
+  /** Whether a cancel was requested. */
+  cancelRequested: boolean;
+}
+
+/** Options of {@linkcode listJobs}. */
+export interface ListJobsOptions extends AdminOptions {
+  /** Only this queue. */
+  queue?: string;
+  /** Only this state. */
+  state?: JobState;
+  /** At most this many, 1..1000. Default 50. */
+  limit?: number;
+}
+
+const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, max_attempts,
+  run_count, run_at, created_at, started_at, finished_at, worker_id, unique_key, limit_key,
+  expires_at, cancel_requested_at is not null as cancel_requested`;
+
+/**
+ * Job summaries (no arguments, result or errors) in claim order: priority (higher first),
+ * then run_at, then id.
+ *
+ * @example
+ * ```ts ignore
+ * import { listJobs } from "@akadze/akadze";
+ * const failed = await listJobs(app, { state: "failed", limit: 20 });
+ * ```
+ */
+export async function listJobs(db: Database, options: ListJobsOptions = {}): Promise<JobSummary[]> {
+  const [sql, s] = target(db, options);
+  const limit = options.limit ?? 50;
+  if (!Number.isInteger(limit) || limit < 1 || limit > 1000) {
+    throw new AkadzeError(`limit must be an integer from 1 to 1000, got ${limit}`);
+  }
+  if (options.state !== undefined && !STATES.includes(options.state)) {
+    throw new AkadzeError(`state must be one of ${STATES.join(", ")}, got ${options.state}`);
+  }
+  if (options.queue !== undefined) checkQueue(options.queue);
+  const rows = await sql.unsafe(
+    `select ${SUMMARY_COLUMNS} from ${s}.jobs
+      where ($1::text is null or queue = $1) and ($2::text is null or state = $2)
+      order by priority desc, run_at, jobs.id limit $3`,
+    [options.queue ?? null, options.state ?? null, limit],
+  );
+  return rows.map(toSummary);
+}
+
+/** One job in full, as `getJob` returns it. */
+export interface JobDetail extends JobSummary {
+  /** Snoozes so far. */
+  snoozes: number;
+  /** The last errors, oldest first. */
+  errors: { error: string; message: string; at: string }[];
+  /** The arguments (only with `includeArgs`). */
+  args?: Record<string, unknown>;
+  /** The result (only with `includeResult`). */
+  result?: unknown;
+}
+
+/** Options of {@linkcode getJob}. */
+export interface GetJobOptions extends AdminOptions {
+  /** Include the arguments. Default false. */
+  includeArgs?: boolean;
+  /** Include the result. Default false. */
+  includeResult?: boolean;
+}
+
+/**
+ * One job with its error history (arguments and result only when asked), or null.
+ *
+ * @example
+ * ```ts ignore
+ * import { getJob } from "@akadze/akadze";
+ * const job = await getJob(app, "42");
+ * console.log(job?.state, job?.errors.at(-1)?.message);
+ * ```
+ */
+export async function getJob(
+  db: Database,
+  jobId: string,
+  options: GetJobOptions = {},
+): Promise<JobDetail | null> {
+  const [sql, s] = target(db, options);
+  const [row] = await sql.unsafe(
+    `select ${SUMMARY_COLUMNS}, snoozes, errors, args, result from ${s}.jobs where id = $1::bigint`,
+    [normalizeId(jobId)],
+  );
+  if (!row) return null;
+  const detail: JobDetail = { ...toSummary(row), snoozes: row.snoozes, errors: row.errors };
+  if (options.includeArgs) detail.args = row.args;
+  if (options.includeResult) detail.result = row.result;
+  return detail;
+}
+
+/** A worker row, as `listWorkers` returns it. */
+export interface WorkerSummary {
+  /** Worker id. */
+  id: string;
+  /** Host name. */
+  hostname: string;
+  /** Process id. */
+  pid: number;
+  /** Its queues. */
+  queues: string[];
+  /** Started at. */
+  startedAt: Date;
+  /** Last heartbeat. */
+  heartbeatAt: Date;
+  /** Its heartbeat TTL (ms). */
+  heartbeatTtl: number;
+  /** Whether its heartbeat is within its TTL. */
+  alive: boolean;
+  /** Jobs it runs now. */
+  running: number;
+}
+
+/**
+ * Registered workers, most recent heartbeat first.
+ *
+ * @example
+ * ```ts ignore
+ * import { listWorkers } from "@akadze/akadze";
+ * console.table(await listWorkers(app));
+ * ```
+ */
+export async function listWorkers(
+  db: Database,
+  options: AdminOptions = {},
+): Promise<WorkerSummary[]> {
+  const [sql, s] = target(db, options);
+  const rows = await sql.unsafe(
+    `select w.id, w.hostname, w.pid, w.queues, w.started_at, w.heartbeat_at, w.heartbeat_ttl_ms,
+            w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond' as alive,
+            (select count(*) from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')::int
+              as running
+       from ${s}.workers w order by w.heartbeat_at desc, w.id`,
+  );
+  return rows.map((r) => ({
+    id: r.id,
+    hostname: r.hostname,
+    pid: r.pid,
+    queues: r.queues,
+    startedAt: r.started_at,
+    heartbeatAt: r.heartbeat_at,
+    heartbeatTtl: r.heartbeat_ttl_ms,
+    alive: r.alive,
+    running: r.running,
+  }));
+}
+
+/** A limits row with its current usage. */
+export interface LimitSummary {
+  /** The limit key. */
+  key: string;
+  /** Max running, or null. */
+  maxRunning: number | null;
+  /** Max starts per window, or null. */
+  maxStarts: number | null;
+  /** The window (ms), or null. */
+  window: number | null;
+  /** Jobs with the key running now. */
+  running: number;
+  /** Starts within the current window. */
+  starts: number;
+}
+
+/** The columns of a {@linkcode LimitSummary}, for a limits row aliased `l`. */
+function limitColumns(s: string): string {
+  return `l.key, l.max_running, l.max_starts,
+    (extract(epoch from l."window") * 1000)::float8 as window_ms,
+    (select count(*) from ${s}.jobs j where j.state = 'running' and j.limit_key = l.key)::int
+      as running,
+    (select count(*) from ${s}.limit_starts m
+      where m.key = l.key and m.started_at > now() - l."window")::int as starts`;
+}
+
+/**
+ * Every limits row with its usage, by key.
+ *
+ * @example
+ * ```ts ignore
+ * import { listLimits } from "@akadze/akadze";
+ * console.table(await listLimits(app));
+ * ```
+ */
+export async function listLimits(
+  db: Database,
+  options: AdminOptions = {},
+): Promise<LimitSummary[]> {
+  const [sql, s] = target(db, options);
+  const rows = await sql.unsafe(
+    `select ${limitColumns(s)} from ${s}.limits l order by l.key`,
+  );
+  return rows.map(toLimit);
+}
+
+/** A known queue, as `listQueues` returns it. */
+export interface QueueSummary {
+  /** The queue. */
+  queue: string;
+  /** Whether claims are paused. */
+  paused: boolean;
+  /** Queued jobs. */
+  queued: number;
+  /** Running jobs. */
+  running: number;
+  /** Failed jobs (kept until pruned). */
+  failed: number;
+}
+
+/**
+ * Every queue that has jobs or a pause, with its paused flag and counts.
+ *
+ * @example
+ * ```ts ignore
+ * import { listQueues } from "@akadze/akadze";
+ * console.table(await listQueues(app));
+ * ```
+ */
+export async function listQueues(
+  db: Database,
+  options: AdminOptions = {},
+): Promise<QueueSummary[]> {
+  return (await queueSnapshot(db, options)).map((q) => ({
+    queue: q.queue,
+    paused: q.paused,
+    queued: q.counts.queued,
+    running: q.counts.running,
+    failed: q.counts.failed,
+  }));
+}
+
 /** A job id as the database takes it; `AkadzeError` for anything but a decimal id. */
 export function normalizeId(jobId: string | number | bigint): string {
   const id = String(jobId);
@@ -51,4 +607,66 @@ export function normalizeId(jobId: string | number | bigint): string {
     throw new AkadzeError(`job id must be a positive decimal integer, got ${JSON.stringify(id)}`);
   }
   return id;
+}
+
+function checkQueue(queue: string): string {
+  if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
+    throw new AkadzeError(
+      `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
+    );
+  }
+  return queue;
+}
+
+function checkKey(key: string): void {
+  if (typeof key !== "string" || key.length === 0 || key.length > KEY_MAX) {
+    throw new AkadzeError(`limit key must be a non-empty string of at most ${KEY_MAX} characters`);
+  }
+}
+
+function target(db: Database, options: AdminOptions): [Sql, string] {
+  if (typeof db === "function") return [db, quoteSchema(options.schema ?? "akadze")];
+  return [db.sql, quoteSchema(options.schema ?? db.schema)];
+}
+
+/** Run `fn` so that its failure leaves the caller's transaction usable. */
+async function inSavepoint<T>(session: Session, fn: (tx: Session) => Promise<T>): Promise<T> {
+  const savepoint = (session as TransactionSql).savepoint;
+  if (typeof savepoint === "function") {
+    return await (session as TransactionSql).savepoint((sp) => fn(sp)) as T;
+  }
+  return await fn(session);
+}
+
+function toSummary(r: Record<string, unknown>): JobSummary {
+  return {
+    id: r.id as string,
+    task: r.task as string,
+    queue: r.queue as string,
+    state: r.state as JobState,
+    priority: r.priority as number,
+    attempt: r.attempt as number,
+    maxAttempts: r.max_attempts as number,
+    runCount: r.run_count as number,
+    runAt: r.run_at as Date,
+    createdAt: r.created_at as Date,
+    startedAt: r.started_at as Date | null,
+    finishedAt: r.finished_at as Date | null,
+    workerId: r.worker_id as string | null,
+    uniqueKey: r.unique_key as string | null,
+    limitKey: r.limit_key as string | null,
+    expiresAt: r.expires_at as Date | null,
+    cancelRequested: r.cancel_requested as boolean,
+  };
+}
+
+function toLimit(r: Record<string, unknown>): LimitSummary {
+  return {
+    key: r.key as string,
+    maxRunning: r.max_running as number | null,
+    maxStarts: r.max_starts as number | null,
+    window: r.window_ms === null ? null : Math.round(r.window_ms as number),
+    running: r.running as number,
+    starts: r.starts as number,
+  };
 }

@@ -1,8 +1,10 @@
 /**
- * The claimer: one statement that cancels queued jobs with a cancel request or a passed
- * expiry, and claims ready jobs into the free slots (`FOR UPDATE SKIP LOCKED`, priority
- * order, pauses honoured, only tasks this worker knows). The claim commits before any
- * handler runs.
+ * The claimer: claims ready jobs into the free slots (`FOR UPDATE SKIP LOCKED`, priority
+ * order, pauses honoured, only tasks this worker knows) and cancels queued jobs with a
+ * cancel request or a passed expiry, in one statement. Jobs whose `limitKey` has a row in
+ * `limits` are claimed by a second path that first locks those rows, so `maxRunning` is
+ * never exceeded cluster-wide and `maxStarts` per window is counted in `limit_starts`.
+ * The claim commits before any handler runs.
  *
  * @module
  */
@@ -46,20 +48,40 @@ export interface ClaimerConfig {
   hooks: readonly OnTransitionHook[];
 }
 
+type Row = ClaimedJob & { kind: "claimed" | "cancelled" };
+
 /** How many queued jobs one pass cancels at most. */
 const CANCEL_BATCH = 500;
+/** How many limit keys one pass serves at most. */
+const LIMIT_KEYS = 100;
+/** How long "there are no limits" is trusted before asking again (ms). */
+const LIMITS_RECHECK = 2_000;
 
 /** Claims jobs for one worker. */
 export class Claimer {
   #sql: Sql;
   #config: ClaimerConfig;
-  #text: string;
+  #statements: { claim: string; hasLimits: string; keys: string; lock: string; limited: string };
+  #limitsCheckedAt = -Infinity;
+  #limitsExist = false;
 
   /** Make a claimer on a pool. */
   constructor(sql: Sql, config: ClaimerConfig) {
     this.#sql = sql;
     this.#config = config;
-    this.#text = claimStatement(quoteSchema(config.schema));
+    const s = quoteSchema(config.schema);
+    this.#statements = {
+      claim: claimStatement(s),
+      hasLimits: `select exists (select 1 from ${s}.limits) as any`,
+      keys: `select l.key from ${s}.limits l
+              where exists (select 1 from ${s}.jobs c
+                             where c.limit_key = l.key and c.state = 'queued'
+                               and c.queue = any($1::text[]) and c.task = any($2::text[])
+                               and c.run_at <= now() and c.cancel_requested_at is null)
+              order by l.key limit ${LIMIT_KEYS}`,
+      lock: `select key from ${s}.limits where key = any($1::text[]) order by key for update`,
+      limited: limitedClaimStatement(s),
+    };
   }
 
   /**
@@ -67,79 +89,139 @@ export class Claimer {
    * contribute up to `total`, taken round-robin starting at queue `offset`.
    */
   async claim(requests: readonly ClaimRequest[], total: number, offset = 0): Promise<ClaimResult> {
-    const queues = requests.map((r) => r.queue);
-    const slots = requests.map((r) => r.slots);
-    if (this.#config.hooks.length === 0) {
-      const rows = await this.#run(this.#sql, queues, slots, total, offset, CANCEL_BATCH, []);
-      return split(rows, 0);
-    }
-    // One transition per transaction, so a hook error rolls back only that one.
-    const all: (ClaimedJob & { kind: string })[] = [];
-    const excluded: string[] = [];
-    let rolledBack = 0;
-    for (const phase of ["cancel", "claim"] as const) {
-      let budget = phase === "cancel" ? CANCEL_BATCH : total;
-      while (budget > 0) {
-        let rows: (ClaimedJob & { kind: string })[] = [];
-        try {
-          rows = await this.#sql.begin(async (tx) => {
-            const got = await this.#run(
-              tx,
-              queues,
-              slots,
-              phase === "claim" ? 1 : 0,
-              offset,
-              phase === "cancel" ? 1 : 0,
-              excluded,
-            );
-            for (const row of got) await runTransitionHooks(this.#config.hooks, tx, row, "queued");
-            return got;
-          }) as (ClaimedJob & { kind: string })[];
-        } catch (error) {
-          if (!(error instanceof TransitionHookError)) throw error;
-          rolledBack++;
-          budget--;
-          excluded.push(error.jobId);
-          continue;
-        }
-        if (rows.length === 0) break;
-        all.push(...rows);
-        budget -= rows.length;
-        if (phase === "claim") offset++;
+    const result = await this.#claimUnlimited(requests, total, offset);
+    const left = total - result.claimed.length;
+    if (left > 0 && await this.#limitsMayApply()) {
+      const taken = new Map<string, number>();
+      for (const row of result.claimed) taken.set(row.queue, (taken.get(row.queue) ?? 0) + 1);
+      const free = requests.map((r) => ({
+        queue: r.queue,
+        slots: Math.min(left, r.slots - (taken.get(r.queue) ?? 0)),
+      })).filter((r) => r.slots > 0);
+      if (free.length > 0) {
+        const limited = await this.#claimLimited(free, left);
+        result.claimed.push(...limited.claimed);
+        result.rolledBack += limited.rolledBack;
       }
     }
-    return split(all, rolledBack);
+    return result;
   }
 
-  async #run(
-    sql: Sql | TransactionSql,
-    queues: string[],
-    slots: number[],
+  /** The claim of jobs without a limits row (and the cancel pass). */
+  async #claimUnlimited(
+    requests: readonly ClaimRequest[],
     total: number,
     offset: number,
-    cancelLimit: number,
-    excluded: string[],
-  ): Promise<(ClaimedJob & { kind: string })[]> {
-    const rows = await sql.unsafe(this.#text, [
-      queues,
-      slots,
-      this.#config.tasks as string[],
-      total,
-      offset,
-      cancelLimit,
-      excluded,
-      this.#config.workerId,
-    ]);
-    return rows as unknown as (ClaimedJob & { kind: string })[];
+  ): Promise<ClaimResult> {
+    const queues = requests.map((r) => r.queue);
+    const slots = requests.map((r) => r.slots);
+    const run = (sql: Sql | TransactionSql, n: number, cancel: number, excluded: string[]) =>
+      sql.unsafe(this.#statements.claim, [
+        queues,
+        slots,
+        this.#config.tasks as string[],
+        n,
+        offset,
+        cancel,
+        excluded,
+        this.#config.workerId,
+      ]) as unknown as Promise<Row[]>;
+    if (this.#config.hooks.length === 0) {
+      return split(await run(this.#sql, total, CANCEL_BATCH, []), 0);
+    }
+    // One transition per transaction, so a hook error rolls back only that one.
+    const cancelled = await this.#oneByOne(CANCEL_BATCH, (tx, excluded) => run(tx, 0, 1, excluded));
+    const claimed = await this.#oneByOne(total, (tx, excluded) => {
+      offset++;
+      return run(tx, 1, 0, excluded);
+    });
+    return split([...cancelled.rows, ...claimed.rows], cancelled.rolledBack + claimed.rolledBack);
+  }
+
+  /** The claim of jobs whose key has a limits row, under a lock on those rows. */
+  async #claimLimited(requests: readonly ClaimRequest[], total: number): Promise<ClaimResult> {
+    const queues = requests.map((r) => r.queue);
+    const slots = requests.map((r) => r.slots);
+    const tasks = this.#config.tasks as string[];
+    const run = async (tx: TransactionSql, n: number, excluded: string[]): Promise<Row[]> => {
+      const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks])).map((r) => r.key);
+      if (keys.length === 0) return [];
+      // Serialise claimers of the same keys; the claim below then counts with a fresh
+      // snapshot (a new statement), so what it sees running is what is running.
+      await tx.unsafe(this.#statements.lock, [keys]);
+      return await tx.unsafe(this.#statements.limited, [
+        keys,
+        queues,
+        slots,
+        tasks,
+        n,
+        excluded,
+        this.#config.workerId,
+      ]) as unknown as Row[];
+    };
+    if (this.#config.hooks.length === 0) {
+      return split(await this.#sql.begin((tx) => run(tx, total, [])) as Row[], 0);
+    }
+    const claimed = await this.#oneByOne(total, (tx, excluded) => run(tx, 1, excluded));
+    return split(claimed.rows, claimed.rolledBack);
+  }
+
+  /** Repeat a one-row transition in its own transaction with the hooks, up to `budget`. */
+  async #oneByOne(
+    budget: number,
+    statement: (tx: TransactionSql, excluded: string[]) => Promise<Row[]>,
+  ): Promise<{ rows: Row[]; rolledBack: number }> {
+    const rows: Row[] = [];
+    const excluded: string[] = [];
+    let rolledBack = 0;
+    while (budget > 0) {
+      let got: Row[];
+      try {
+        got = await this.#sql.begin(async (tx) => {
+          const changed = await statement(tx, excluded);
+          for (const row of changed) {
+            await runTransitionHooks(this.#config.hooks, tx, row, "queued");
+          }
+          return changed;
+        }) as Row[];
+      } catch (error) {
+        if (!(error instanceof TransitionHookError)) throw error;
+        rolledBack++;
+        budget--;
+        excluded.push(error.jobId);
+        continue;
+      }
+      if (got.length === 0) break;
+      rows.push(...got);
+      budget -= got.length;
+    }
+    return { rows, rolledBack };
+  }
+
+  async #limitsMayApply(): Promise<boolean> {
+    const now = performance.now();
+    if (!this.#limitsExist && now - this.#limitsCheckedAt < LIMITS_RECHECK) return false;
+    const [{ any }] = await this.#sql.unsafe(this.#statements.hasLimits);
+    this.#limitsExist = any;
+    this.#limitsCheckedAt = now;
+    return any;
   }
 }
 
-function split(rows: (ClaimedJob & { kind: string })[], rolledBack: number): ClaimResult {
+function split(rows: Row[], rolledBack: number): ClaimResult {
   return {
     claimed: rows.filter((r) => r.kind === "claimed"),
     cancelled: rows.filter((r) => r.kind === "cancelled"),
     rolledBack,
   };
+}
+
+/** The conditions of a ready job of this worker (alias `c`, queue name `$queue`). */
+function ready(s: string, queue: string): string {
+  return `c.state = 'queued' and c.queue = ${queue} and c.run_at <= now()
+    and c.cancel_requested_at is null
+    and (c.expires_at is null or c.expires_at > now())
+    and not exists (select 1 from ${s}.queue_pauses p where p.queue = c.queue)`;
 }
 
 function claimStatement(s: string): string {
@@ -161,12 +243,11 @@ function claimStatement(s: string): string {
           from unnest($1::text[], $2::int[]) with ordinality as q(name, n, ord)
           cross join lateral (
             select c.id, c.priority, c.run_at from ${s}.jobs c
-             where c.state = 'queued' and c.queue = q.name and c.run_at <= now()
-               and c.cancel_requested_at is null
-               and (c.expires_at is null or c.expires_at > now())
+             where ${ready(s, "q.name")}
                and c.task = any($3::text[])
                and c.id <> all($7::bigint[])
-               and not exists (select 1 from ${s}.queue_pauses p where p.queue = q.name)
+               and (c.limit_key is null
+                    or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
              order by c.priority desc, c.run_at, c.id
              limit least(q.n, $4)
              for update of c skip locked) x
@@ -181,4 +262,54 @@ function claimStatement(s: string): string {
       returning ${JOB_RETURNING}, j.args, 'claimed'::text as kind
     )
     select * from claimed union all select * from cancelled`;
+}
+
+function limitedClaimStatement(s: string): string {
+  const never = 2147483647;
+  return `
+    with room as (
+      select l.key, l.max_starts,
+             least(
+               coalesce(l.max_running - (select count(*) from ${s}.jobs r
+                                          where r.state = 'running' and r.limit_key = l.key),
+                        ${never}),
+               coalesce(l.max_starts - (select count(*) from ${s}.limit_starts m
+                                         where m.key = l.key and m.started_at > now() - l."window"),
+                        ${never})) as n
+        from ${s}.limits l where l.key = any($1::text[])
+    ),
+    candidates as (
+      select x.* from room cross join lateral (
+        select c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
+         where c.limit_key = room.key and c.queue = any($2::text[])
+           and ${ready(s, "c.queue")}
+           and c.task = any($4::text[])
+           and c.id <> all($6::bigint[])
+         order by c.priority desc, c.run_at, c.id
+         limit greatest(room.n, 0)
+         for update of c skip locked) x
+    ),
+    picked as (
+      select r.id from (
+        select c.*, row_number() over (partition by c.queue
+                                       order by c.priority desc, c.run_at, c.id) as rn
+          from candidates c) r
+        join unnest($2::text[], $3::int[]) as q(name, n) on q.name = r.queue
+       where r.rn <= q.n
+       order by r.priority desc, r.run_at, r.id
+       limit $5
+    ),
+    claimed as (
+      update ${s}.jobs j
+         set state = 'running', run_count = j.run_count + 1, worker_id = $7, started_at = now()
+        from picked where j.id = picked.id
+      returning ${JOB_RETURNING}, j.args, 'claimed'::text as kind
+    ),
+    marks as (
+      insert into ${s}.limit_starts (key, job_id)
+      select c.limit_key, c.id::bigint from claimed c
+        join room on room.key = c.limit_key
+       where room.max_starts is not null
+    )
+    select * from claimed`;
 }
