@@ -2,6 +2,7 @@ import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
 import postgres from "postgres";
 import { connect, describeError, isTransientError, quoteSchema, redact } from "../src/db.ts";
 import { AkadzeError } from "../src/errors.ts";
+import { installDriverGuard } from "../src/worker/driver_guard.ts";
 import { withDatabase } from "./_helpers.ts";
 
 Deno.test("redact removes URL passwords, password parameters and given secrets", () => {
@@ -60,6 +61,9 @@ Deno.test("transient SQLSTATEs and driver codes are classified as transient", ()
 Deno.test("the classifier on real errors: terminated backend, unique violation, syntax error", async () => {
   await withDatabase("db_classify", async (db, sql) => {
     const victim = postgres(db.url, { max: 1, onnotice: () => {} });
+    // The driver may also report the terminated connection as an unhandled rejection
+    // (a known postgres.js hazard the worker guards against the same way).
+    const removeGuard = installDriverGuard(() => {});
     try {
       await sql`create table u (x int primary key)`;
       await sql`insert into u values (1)`;
@@ -81,6 +85,8 @@ Deno.test("the classifier on real errors: terminated backend, unique violation, 
       assert(isTransientError(terminated), describeError(terminated));
     } finally {
       await victim.end({ timeout: 1 });
+      await new Promise((r) => setTimeout(r, 50));
+      removeGuard();
     }
   }, { migrated: false });
 });

@@ -57,16 +57,32 @@ export class Heartbeat {
       and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
   }
 
-  /** Beat once; records the time of success. */
-  async runOnce(): Promise<BeatResult> {
+  /**
+   * Beat once; records the time of success. A beat that takes longer than `timeoutMs`
+   * (a connection hanging in a network partition) fails as a transient timeout, so the
+   * lease clock keeps running.
+   */
+  async runOnce(timeoutMs = this.#identity.heartbeatTtl / 2): Promise<BeatResult> {
     const { id, hostname, pid, queues, heartbeatTtl } = this.#identity;
-    const [row] = await this.#sql.unsafe(this.#beat, [
-      id,
-      hostname,
-      pid,
-      queues as string[],
-      Math.round(heartbeatTtl),
-    ]);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const [row] = await Promise.race([
+      this.#sql.unsafe(this.#beat, [
+        id,
+        hostname,
+        pid,
+        queues as string[],
+        Math.round(heartbeatTtl),
+      ]),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () =>
+            reject(Object.assign(new Error(`heartbeat took over ${timeoutMs} ms`), {
+              code: "ETIMEDOUT",
+            })),
+          timeoutMs,
+        );
+      }),
+    ]).finally(() => clearTimeout(timer));
     this.lastSuccess = performance.now();
     return { registered: row.registered, cancelRequested: row.cancel };
   }

@@ -51,9 +51,17 @@ export class Listener {
     this.#unlisten.push(cancel.unlisten);
   }
 
-  /** UNLISTEN (errors ignored: the connection may already be gone). */
-  async stop(): Promise<void> {
+  /**
+   * UNLISTEN (errors ignored: the connection may already be gone), waiting at most
+   * `timeoutMs`: an unanswering database must not hold up a stop.
+   */
+  async stop(timeoutMs = 2_000): Promise<void> {
     const unlisten = this.#unlisten.splice(0);
-    for (const fn of unlisten) await fn().catch(() => {});
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([
+      Promise.all(unlisten.map((fn) => fn().catch(() => {}))),
+      new Promise((resolve) => timer = setTimeout(resolve, timeoutMs)),
+    ]);
+    clearTimeout(timer);
   }
 }

@@ -146,17 +146,40 @@ export class Worker {
     });
   }
 
-  /** How many jobs this worker has claimed so far. */
+  /**
+   * How many jobs this worker has claimed so far.
+   *
+   * @example
+   * ```ts ignore
+   * const worker = new Worker(app, { batch: true });
+   * await worker.run();
+   * console.log(`ran ${worker.claimed} jobs`);
+   * ```
+   */
   get claimed(): number {
     return this.#claims;
   }
 
-  /** How many jobs this worker is running now. */
+  /**
+   * How many jobs this worker is running now.
+   *
+   * @example
+   * ```ts ignore
+   * setInterval(() => console.log(`${worker.busy} of ${worker.config.slots} slots busy`), 5_000);
+   * ```
+   */
   get busy(): number {
     return this.#inflight.size;
   }
 
-  /** Start a graceful stop: no new claims, running jobs get `shutdownTimeout` to finish. */
+  /**
+   * Start a graceful stop: no new claims, running jobs get `shutdownTimeout` to finish.
+   *
+   * @example
+   * ```ts ignore
+   * Deno.addSignalListener("SIGTERM", () => worker.stop());
+   * ```
+   */
   stop(): void {
     this.#stopRequested = true;
     this.#wakeUp();
@@ -165,6 +188,14 @@ export class Worker {
   /**
    * Run until stopped (see {@linkcode WorkerExit} for why it returns). Never rejects for
    * database errors: transient ones are retried, others end the run with code 1.
+   *
+   * @example
+   * ```ts ignore
+   * const controller = new AbortController();
+   * Deno.addSignalListener("SIGINT", () => controller.abort());
+   * const exit = await new Worker(app).run({ signal: controller.signal });
+   * if (exit.code !== 0) console.error(exit.reason, exit.message);
+   * ```
    */
   async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
     if (this.#running) throw new AkadzeError("this worker is already running");
@@ -185,14 +216,29 @@ export class Worker {
       slots: this.config.slots,
     });
     let exit: WorkerExit;
+    // A backstop for a loop stuck in a query that never returns (network partition): the
+    // lease is lost all the same, so stop as the heartbeat rule says.
+    let watchdog: ReturnType<typeof setInterval> | undefined;
+    const stalled = new Promise<WorkerExit>((resolve) => {
+      const { heartbeatInterval, heartbeatTtl } = this.config;
+      watchdog = setInterval(() => {
+        const last = this.#heartbeat.lastSuccess;
+        if (last !== null && performance.now() - last > heartbeatTtl + heartbeatInterval) {
+          this.#stopRequested = true;
+          resolve({ code: 1, reason: "heartbeat_lost", message: "the worker loop stalled" });
+        }
+      }, Math.min(1_000, heartbeatInterval));
+    });
     try {
-      exit = await this.#loop();
+      exit = await Promise.race([this.#loop(), stalled]);
+      clearInterval(watchdog);
       if (exit.code === 0) {
         await this.#drain(exit.reason !== "stopped");
       } else {
         await this.#abandonRuns();
       }
     } finally {
+      clearInterval(watchdog);
       options.signal?.removeEventListener("abort", onAbort);
       await this.#listener.stop();
       removeGuard();
