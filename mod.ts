@@ -1,14 +1,46 @@
 /**
  * akadze: a PostgreSQL-backed task queue for Deno. Enqueue jobs inside your own
  * transaction, run them in a worker with retries and a heartbeat lease, and run cron and
- * interval schedules in that same worker.
+ * interval schedules in that same worker. PostgreSQL is the only broker.
  *
- * @example
- * ```ts ignore
- * import { migrate } from "@akadze/akadze";
+ * - {@linkcode Akadze}: the app (connection, tasks, schedules, hooks); `app.task(...)`
+ *   registers a {@linkcode Task}, `task.using({ session: tx }).enqueue(args)` enqueues in
+ *   your transaction.
+ * - {@linkcode Worker}: claims and runs jobs (`akadze worker ./app.ts` from the CLI).
+ * - {@linkcode migrate}: creates or updates the schema (`akadze migrate`).
+ * - `Retry`, `Snooze`, `Fail`, `Cancel`: what a handler throws to steer its job;
+ *   {@linkcode current} gives the running job's context anywhere inside the run.
+ * - Admin functions (`requeue`, `requestCancel`, `pauseQueue`, `setLimit`, `listJobs`, ...).
  *
- * const applied = await migrate(Deno.env.get("AKADZE_DATABASE_URL")!);
- * console.log(applied.length ? `applied ${applied.join(", ")}` : "schema up to date");
+ * Also: `@akadze/akadze/testing` (a throwaway database, `drain`, `assertEnqueued`),
+ * `@akadze/akadze/metrics` (Prometheus text) and `@akadze/akadze/cli` (the `akadze`
+ * command).
+ *
+ * @example A whole round trip: save as `hello.ts`, run with
+ * `AKADZE_DATABASE_URL=postgres://... deno run -A hello.ts`
+ * ```ts
+ * import { Akadze, migrate, Worker } from "@akadze/akadze";
+ * import * as v from "valibot";
+ *
+ * const databaseUrl = Deno.env.get("AKADZE_DATABASE_URL")!;
+ * await migrate(databaseUrl); // creates the "akadze" schema; a no-op when up to date
+ *
+ * const app = new Akadze({ databaseUrl });
+ * const hello = app.task(
+ *   "hello",
+ *   { args: v.object({ name: v.string() }) },
+ *   ({ name }) => `hello ${name}`,
+ * );
+ *
+ * // Enqueue in your own transaction: a rollback removes the job.
+ * await app.sql.begin(async (tx) => {
+ *   await hello.using({ session: tx }).enqueue({ name: "ada" });
+ * });
+ *
+ * // Run every ready job, then stop (a long-running worker omits `batch`).
+ * const exit = await new Worker(app, { batch: true }).run();
+ * console.log(exit.reason); // "batch_done"
+ * await app.close();
  * ```
  *
  * @module
@@ -84,6 +116,8 @@ export {
   listQueues,
   listWorkers,
   pauseQueue,
+  pruneJobs,
+  type PruneJobsOptions,
   type QueueSnapshot,
   queueSnapshot,
   type QueueSummary,

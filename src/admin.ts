@@ -9,6 +9,7 @@ import { cancelChannel, jobsChannel, quoteSchema, type Sql, type TransactionSql 
 import { QUEUE_NAME } from "./enqueue.ts";
 import { AkadzeError, DuplicateJob } from "./errors.ts";
 import type { JobState } from "./job.ts";
+import { jsonProblem } from "./json.ts";
 
 /** Options of the admin functions. */
 export interface AdminOptions {
@@ -622,6 +623,9 @@ function checkKey(key: string): void {
   if (typeof key !== "string" || key.length === 0 || key.length > KEY_MAX) {
     throw new AkadzeError(`limit key must be a non-empty string of at most ${KEY_MAX} characters`);
   }
+  // As enqueue checks limitKey: NUL cannot be stored, a lone surrogate would be mangled.
+  const problem = jsonProblem(key, "limit key");
+  if (problem) throw new AkadzeError(problem);
 }
 
 function target(db: Database, options: AdminOptions): [Sql, string] {
@@ -669,4 +673,71 @@ function toLimit(r: Record<string, unknown>): LimitSummary {
     running: r.running as number,
     starts: r.starts as number,
   };
+}
+
+/** Options of {@linkcode pruneJobs}. */
+export interface PruneJobsOptions extends AdminOptions {
+  /** Delete jobs finished more than this many milliseconds ago. Default 7 days. */
+  olderThan?: number;
+  /** Delete `failed` jobs too (by default only `succeeded` and `cancelled`). Default false. */
+  includeFailed?: boolean;
+  /** Count what would be deleted, delete nothing. Default false. */
+  dryRun?: boolean;
+  /** Rows per DELETE statement. Default 1000. */
+  batchSize?: number;
+}
+
+/**
+ * Delete terminal jobs finished more than `olderThan` ago: `succeeded` and `cancelled`
+ * ones, and `failed` ones only with `includeFailed` (they are what `requeue` needs). Runs
+ * bounded DELETE statements of `batchSize` rows until none are left (each its own
+ * transaction on a pool, or all in the caller's transaction when `session` is one), and
+ * skips rows another session holds locked (e.g. a worker's pruner). Returns how many jobs
+ * it deleted, or with `dryRun` how many it would delete. The worker already prunes with
+ * the app's `retention`; this is for one-off cleanups and for keeping failed jobs shorter
+ * or longer than that.
+ *
+ * @example
+ * ```ts ignore
+ * import { pruneJobs } from "@akadze/akadze";
+ * const deleted = await pruneJobs(app.sql, { olderThan: 86_400_000, includeFailed: true });
+ * console.log(`deleted ${deleted} jobs`);
+ * ```
+ */
+export async function pruneJobs(
+  session: Session,
+  options: PruneJobsOptions = {},
+): Promise<number> {
+  const s = quoteSchema(options.schema ?? "akadze");
+  const olderThan = options.olderThan ?? 7 * 86_400_000;
+  if (typeof olderThan !== "number" || !Number.isFinite(olderThan) || olderThan < 0) {
+    throw new AkadzeError(
+      `olderThan must be a non-negative number of milliseconds, got ${olderThan}`,
+    );
+  }
+  const batchSize = options.batchSize ?? 1000;
+  if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 100_000) {
+    throw new AkadzeError(`batchSize must be an integer from 1 to 100000, got ${batchSize}`);
+  }
+  // Constant state lists, so the planner can prove the partial index on finished_at applies.
+  const states = options.includeFailed
+    ? `'succeeded', 'failed', 'cancelled'`
+    : `'succeeded', 'cancelled'`;
+  const old =
+    `state in (${states}) and finished_at < now() - $1::float8 * interval '1 millisecond'`;
+  if (options.dryRun) {
+    const [row] = await session.unsafe(
+      `select count(*)::float8 as n from ${s}.jobs where ${old}`,
+      [olderThan],
+    );
+    return Number(row.n);
+  }
+  const statement = `delete from ${s}.jobs where id in (
+      select id from ${s}.jobs where ${old} limit $2 for update skip locked)`;
+  let total = 0;
+  for (;;) {
+    const { count } = await session.unsafe(statement, [olderThan, batchSize]);
+    total += count;
+    if (count < batchSize) return total;
+  }
 }

@@ -166,7 +166,19 @@ export class Akadze {
    * ```
    */
   task<R>(name: string, handler: TaskHandler<JsonObject, R>): Task<JsonObject, JsonObject, R>;
-  /** Register a task with options. */
+  /**
+   * Register a task with options: an argument schema (`args`), `queue`, `maxAttempts`,
+   * `timeout`, `priority`, `backoff`.
+   *
+   * @example
+   * ```ts ignore
+   * const send = app.task(
+   *   "mail.send",
+   *   { args: v.object({ to: v.string() }), queue: "mail", maxAttempts: 6, timeout: 60_000 },
+   *   async ({ to }, ctx) => await mailer.send(to, { signal: ctx.signal }),
+   * );
+   * ```
+   */
   task<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
     name: string,
     options: TaskOptions<S>,
@@ -306,7 +318,18 @@ export class Akadze {
     return specs.map(({ task, ...spec }) => this.addSchedule(task, spec));
   }
 
-  /** Close the pool if the app owns it (an adopted `sql` is left open). */
+  /**
+   * Close the pool if the app owns it (an adopted `sql` is left open).
+   *
+   * @example
+   * ```ts ignore
+   * try {
+   *   await hello.enqueue({ name: "ada" });
+   * } finally {
+   *   await app.close();
+   * }
+   * ```
+   */
   async close(): Promise<void> {
     if (this.#owned) await this.sql.end({ timeout: 5 });
   }

@@ -51,6 +51,11 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     idle_timeout: options.idleTimeout ?? 30,
     connect_timeout: options.connectTimeout ?? 10,
     max_lifetime: 60 * 30,
+    // postgres.js counts failed connects across the whole pool and, by default, makes a
+    // query routed to a closed connection wait up to 20 s before reconnecting, even once
+    // the server is back: after a brief outage a worker's loop would hang that long.
+    // Seconds, jittered, at most one.
+    backoff: (retries: number) => (0.5 + Math.random() / 2) * Math.min(0.05 * 2 ** retries, 1),
     onnotice: () => {},
     connection: { application_name: options.applicationName ?? "akadze" },
   });
@@ -163,9 +168,11 @@ export function isTransientError(error: unknown): boolean {
     if (typeof e !== "object") return false;
     const code = (e as { code?: unknown }).code;
     if (typeof code === "string") {
+      // Driver codes first: "EPIPE" has the shape of a SQLSTATE.
+      if (TRANSIENT_DRIVER_CODES.has(code)) return true;
       if (/^[0-9A-Z]{5}$/.test(code)) {
         if (code.startsWith("08") || TRANSIENT_SQLSTATES.has(code)) return true;
-      } else if (TRANSIENT_DRIVER_CODES.has(code)) return true;
+      }
     }
     const name = (e as { name?: unknown }).name;
     if (typeof name === "string" && TRANSIENT_DENO_ERRORS.has(name)) return true;
@@ -174,7 +181,21 @@ export function isTransientError(error: unknown): boolean {
   return false;
 }
 
-/** A one-line, credential-free description of an error, for logs and CLI output. */
+/**
+ * A one-line, credential-free description of an error, for logs and CLI output: the
+ * message (with the SQLSTATE or driver code when the message lacks it), whitespace
+ * collapsed, passwords and the given secrets removed.
+ *
+ * @example
+ * ```ts
+ * import { describeError } from "@akadze/akadze";
+ *
+ * const error = Object.assign(new Error("connect failed: postgres://app:s3cret@db/app"), {
+ *   code: "ECONNREFUSED",
+ * });
+ * describeError(error); // "connect failed: postgres://app:***@db/app (ECONNREFUSED)"
+ * ```
+ */
 export function describeError(error: unknown, secrets: readonly string[] = []): string {
   let text: string;
   if (error instanceof Error) {

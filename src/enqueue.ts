@@ -109,7 +109,7 @@ export async function enqueueJobs(
     const args = await checkArgs(target, argsList[i], argsList.length > 1 ? i : undefined);
     rows.push({ ...base, args });
   }
-  if (!QUEUE_NAME.test(base.queue)) {
+  if (typeof base.queue !== "string" || !QUEUE_NAME.test(base.queue)) {
     throw new EnqueueError(
       `queue name ${
         JSON.stringify(base.queue)

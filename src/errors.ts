@@ -4,7 +4,21 @@
  * @module
  */
 
-/** Base class of every error akadze raises on purpose. */
+/**
+ * Base class of every error akadze raises on purpose.
+ *
+ * @example
+ * ```ts
+ * import { AkadzeError, Akadze } from "@akadze/akadze";
+ *
+ * try {
+ *   new Akadze({}); // neither databaseUrl nor sql
+ * } catch (error) {
+ *   if (!(error instanceof AkadzeError)) throw error;
+ *   console.error(error.message);
+ * }
+ * ```
+ */
 export class AkadzeError extends Error {
   /**
    * Create an error whose message is safe to show.
@@ -24,13 +38,57 @@ export class AkadzeError extends Error {
   }
 }
 
-/** An enqueue was refused before anything was inserted. */
+/**
+ * An enqueue was refused before anything was inserted (bad options or arguments).
+ *
+ * @example
+ * ```ts ignore
+ * import { EnqueueError } from "@akadze/akadze";
+ *
+ * try {
+ *   await hello.using({ delay: -1 }).enqueue({ name: "ada" });
+ * } catch (error) {
+ *   if (error instanceof EnqueueError) console.error(error.message); // nothing inserted
+ * }
+ * ```
+ */
 export class EnqueueError extends AkadzeError {}
 
-/** A job with the same active `uniqueKey` is already queued or running. */
+/**
+ * A job with the same active `uniqueKey` is already queued or running. The caller's
+ * transaction stays usable.
+ *
+ * @example
+ * ```ts ignore
+ * import { DuplicateJob } from "@akadze/akadze";
+ *
+ * await app.sql.begin(async (tx) => {
+ *   try {
+ *     await report.using({ session: tx, uniqueKey: "report:42" }).enqueue({ id: 42 });
+ *   } catch (error) {
+ *     if (!(error instanceof DuplicateJob)) throw error; // already on its way
+ *   }
+ *   await tx`update reports set requested = true where id = 42`; // still fine
+ * });
+ * ```
+ */
 export class DuplicateJob extends EnqueueError {}
 
-/** A migration could not be applied; the transaction was rolled back. */
+/**
+ * A migration could not be applied; the transaction was rolled back.
+ *
+ * @example
+ * ```ts ignore
+ * import { migrate, MigrateError } from "@akadze/akadze";
+ *
+ * try {
+ *   await migrate(Deno.env.get("AKADZE_DATABASE_URL")!);
+ * } catch (error) {
+ *   if (error instanceof MigrateError) Deno.exit(1); // the message names the version
+ *   throw error;
+ * }
+ * ```
+ */
 export class MigrateError extends AkadzeError {}
 
 /**

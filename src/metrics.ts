@@ -1,17 +1,23 @@
 /**
- * Prometheus text exposition of akadze's queue state. The library stays HTTP-free: serve
- * the text from your own endpoint.
+ * Prometheus text exposition of akadze's queue state: jobs per queue and state, queue
+ * lag, paused queues, busy slots, live workers and limit usage. The library stays
+ * HTTP-free: serve the text from your own endpoint.
  *
- * @example
- * ```ts ignore
+ * @example A metrics endpoint: save as `metrics.ts`, run with
+ * `deno run --allow-net --allow-env metrics.ts` and scrape `http://localhost:9464/metrics`
+ * ```ts
  * import { connect } from "@akadze/akadze";
  * import { renderMetrics } from "@akadze/akadze/metrics";
  *
- * const sql = connect(Deno.env.get("AKADZE_DATABASE_URL")!);
- * Deno.serve({ port: 9464 }, async () =>
- *   new Response(await renderMetrics(sql), {
+ * const sql = connect(Deno.env.get("AKADZE_DATABASE_URL")!, { max: 1 });
+ * Deno.serve({ port: 9464 }, async (request) => {
+ *   if (new URL(request.url).pathname !== "/metrics") {
+ *     return new Response("not found", { status: 404 });
+ *   }
+ *   return new Response(await renderMetrics(sql), {
  *     headers: { "content-type": "text/plain; version=0.0.4" },
- *   }));
+ *   });
+ * });
  * ```
  *
  * @module

@@ -30,7 +30,16 @@ export interface MigrateOptions {
   schema?: string;
 }
 
-/** The versions this release knows, oldest first. */
+/**
+ * The versions this release knows, oldest first.
+ *
+ * @example
+ * ```ts
+ * import { knownVersions } from "@akadze/akadze";
+ *
+ * console.log(knownVersions()); // ["0001_init", ...]
+ * ```
+ */
 export function knownVersions(): string[] {
   return MIGRATIONS.map((m) => m.version);
 }
@@ -127,7 +136,17 @@ export async function appliedVersions(
   });
 }
 
-/** The versions known to this release that the database does not have yet. */
+/**
+ * The versions known to this release that the database does not have yet (read-only).
+ *
+ * @example
+ * ```ts ignore
+ * import { pendingVersions } from "@akadze/akadze";
+ *
+ * const pending = await pendingVersions(Deno.env.get("AKADZE_DATABASE_URL")!);
+ * if (pending.length > 0) throw new Error(`run akadze migrate (pending: ${pending})`);
+ * ```
+ */
 export async function pendingVersions(
   database: string | Sql,
   options: MigrateOptions = {},

@@ -48,7 +48,22 @@ const CRON_ALIASES = new Set([
 const EVERY_MIN = 1_000;
 const EVERY_MAX = 366 * 86_400_000;
 
-/** A validated schedule. */
+/**
+ * A validated schedule: made by `app.periodic`, `app.addSchedule` and `app.addSchedules`,
+ * listed in `app.schedules`.
+ *
+ * @example
+ * ```ts
+ * import { Akadze } from "@akadze/akadze";
+ *
+ * const app = new Akadze({ databaseUrl: "postgres://localhost/app" }); // connects lazily
+ * app.task("ops.prune", () => {});
+ * const schedule = app.addSchedule("ops.prune", { cron: "0 * * * *", overlap: false });
+ * schedule.describe(); // 'cron "0 * * * *" (UTC)'
+ * schedule.nextFire(new Date("2030-01-01T10:30:00Z")); // 2030-01-01T11:00:00.000Z
+ * await app.close();
+ * ```
+ */
 export class Schedule {
   /** Unique name (the `periodic_runs.name`). */
   readonly name: string;
@@ -118,7 +133,14 @@ export class Schedule {
     this.args = validateArgs(where, task, spec.args ?? {});
   }
 
-  /** The most recent fire at or before `now`, or null when there is none. */
+  /**
+   * The most recent fire at or before `now`, or null when there is none.
+   *
+   * @example
+   * ```ts ignore
+   * app.addSchedule("ops.prune", { every: 30_000 }).lastFire(new Date(45_000)); // 30 s after the epoch
+   * ```
+   */
   lastFire(now: Date): Date | null {
     if (this.every !== undefined) {
       return new Date(Math.floor(now.getTime() / this.every) * this.every);
@@ -128,7 +150,16 @@ export class Schedule {
     return previous ?? null;
   }
 
-  /** The first fire strictly after `now`, or null when there is none. */
+  /**
+   * The first fire strictly after `now`, or null when there is none.
+   *
+   * @example
+   * ```ts ignore
+   * for (const schedule of app.schedules.values()) {
+   *   console.log(schedule.name, schedule.nextFire(new Date())?.toISOString());
+   * }
+   * ```
+   */
   nextFire(now: Date): Date | null {
     if (this.every !== undefined) {
       return new Date((Math.floor(now.getTime() / this.every) + 1) * this.every);
@@ -136,7 +167,16 @@ export class Schedule {
     return this.#cron!.nextRun(now);
   }
 
-  /** The fires after `from` up to and including `to` (at most `limit`), for inspection and tests. */
+  /**
+   * The fires after `from` up to and including `to` (at most `limit`), for inspection and
+   * tests.
+   *
+   * @example
+   * ```ts ignore
+   * const day = schedule.firesBetween(new Date("2030-01-01Z"), new Date("2030-01-02Z"));
+   * console.log(`${day.length} fires on Jan 1st`);
+   * ```
+   */
   firesBetween(from: Date, to: Date, limit = 1000): Date[] {
     const fires: Date[] = [];
     for (let t = this.nextFire(from); t && t <= to && fires.length < limit; t = this.nextFire(t)) {
@@ -145,7 +185,14 @@ export class Schedule {
     return fires;
   }
 
-  /** A one-line description: `cron "0 * * * *" (UTC)` or `every 30000 ms`. */
+  /**
+   * A one-line description: `cron "0 * * * *" (UTC)` or `every 30000 ms`.
+   *
+   * @example
+   * ```ts ignore
+   * console.log(`${schedule.name}: ${schedule.describe()}`);
+   * ```
+   */
   describe(): string {
     return this.cron !== undefined
       ? `cron ${JSON.stringify(this.cron)} (${this.timezone})`

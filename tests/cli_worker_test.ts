@@ -244,7 +244,7 @@ Deno.test("missing module, bad export, non-app export and bad flags: exit 2, one
       [["worker", path, "--shutdown-timeout", "soon"], /--shutdown-timeout must be a positive/],
       [["worker", path, "--poll-interval", "0"], /--poll-interval must be a positive/],
       [["worker", path, "--max-jobs", "1.5"], /--max-jobs must be an integer/],
-      [["worker", path, "--processes", "2"], /--processes above 1 is not supported/],
+      [["worker", path, "--processes", "2", "--batch"], /--batch runs a single process/],
       [["worker", path, "--log-format", "xml"], /--log-format must be/],
       [["worker", path, "--queue", "no spaces"], /queue name/],
       [["worker", path, "--bogus"], /bogus/],

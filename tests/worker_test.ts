@@ -523,7 +523,7 @@ Deno.test("the heartbeat registers the worker and re-registers it when its row i
       queues: ["a", "b"],
       heartbeatTtl: 30_000,
     });
-    assertEquals(await hb.runOnce(), { registered: true, cancelRequested: [] });
+    assertEquals(await hb.runOnce(), { registered: true, cancelRequested: [], running: [] });
     const [first] = await sql`select * from akadze.workers`;
     assertEquals([first.id, first.queues, first.heartbeat_ttl_ms], ["hb-1", ["a", "b"], 30_000]);
     assertEquals((await hb.runOnce()).registered, false);

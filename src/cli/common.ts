@@ -27,6 +27,10 @@ export function databaseUrl(): string {
       `${DATABASE_URL_ENV} is not set (export ${DATABASE_URL_ENV}=postgres://user:pass@host/db)`,
     );
   }
+  if (!/^postgres(ql)?:\/\//.test(url)) {
+    // Never echo it: it may hold a password.
+    throw new UsageError(`${DATABASE_URL_ENV} must be a postgres:// or postgresql:// URL`);
+  }
   return url;
 }
 
@@ -45,7 +49,12 @@ export function parseFlags<T extends NonNullable<ParseArgsConfig["options"]>>(
 
 /** Print an error as one line on stderr and return its exit code (2 usage, 1 failure). */
 export function reportError(error: unknown): number {
-  const url = Deno.env.get(DATABASE_URL_ENV);
+  let url: string | undefined;
+  try {
+    url = Deno.env.get(DATABASE_URL_ENV);
+  } catch {
+    // no env permission (e.g. a file-only health probe): nothing to redact
+  }
   const password = url ? urlPassword(url) : undefined;
   console.error(`error: ${describeError(error, password ? [password] : [])}`);
   return error instanceof UsageError ? 2 : 1;

@@ -87,6 +87,8 @@ export async function loadApp(target: AppTarget): Promise<LoadedApp> {
   await assertAppModuleExists(target);
   let module: Record<string, unknown>;
   try {
+    // The one warning of `deno publish --dry-run` (unanalyzable-dynamic-import) is this line,
+    // and it is expected: the module is the user's app, known only at run time.
     module = await import(target.url.href);
   } catch (error) {
     // Deno colours the locations in its module errors; the CLI prints plain text.

@@ -5,6 +5,7 @@
  */
 import { appliedVersions, knownVersions, migrate } from "../migrate.ts";
 import { databaseUrl, parseFlags } from "./common.ts";
+import { schemaFlag } from "./ops.ts";
 
 /** Help text of `akadze migrate`. */
 export const MIGRATE_HELP = `Usage: akadze migrate [--status]
@@ -28,8 +29,8 @@ export async function migrateCommand(args: string[]): Promise<number> {
     console.log(MIGRATE_HELP);
     return 0;
   }
+  const schema = schemaFlag(values.schema);
   const url = databaseUrl();
-  const schema = values.schema;
   if (values.status) {
     const applied = new Set(await appliedVersions(url, { schema }));
     for (const version of knownVersions()) {

@@ -1,6 +1,7 @@
 /**
  * SIGINT and SIGTERM for long-running commands: the first starts a graceful stop, a
- * second one exits at once with 130.
+ * second one exits at once with 130. The supervisor of `--processes N` counts its
+ * signals itself with {@linkcode countSignals}.
  *
  * @module
  */
@@ -21,19 +22,31 @@ export interface StopSignalHandlers {
  * function that removes the listeners.
  */
 export function handleStopSignals(handlers: StopSignalHandlers): () => void {
+  return countSignals(["SIGINT", "SIGTERM"], (signal, count) => {
+    if (count === 1) return handlers.onFirst(signal);
+    handlers.onForce?.(signal);
+    Deno.exit(FORCED_EXIT_CODE);
+  });
+}
+
+/**
+ * Listen for `signals` (those the platform cannot listen for are skipped) and call
+ * `onSignal` with each one and how many of them have arrived so far, 1 for the first.
+ * Returns a function that removes the listeners.
+ */
+export function countSignals(
+  signals: readonly Deno.Signal[],
+  onSignal: (signal: Deno.Signal, count: number) => void,
+): () => void {
   let received = 0;
   const installed: [Deno.Signal, () => void][] = [];
-  for (const signal of ["SIGINT", "SIGTERM"] as const) {
-    const listener = () => {
-      if (++received === 1) return handlers.onFirst(signal);
-      handlers.onForce?.(signal);
-      Deno.exit(FORCED_EXIT_CODE);
-    };
+  for (const signal of signals) {
+    const listener = () => onSignal(signal, ++received);
     try {
       Deno.addSignalListener(signal, listener);
       installed.push([signal, listener]);
     } catch {
-      // Windows has no SIGTERM listener.
+      // Windows has no SIGTERM (or SIGHUP) listener.
     }
   }
   return () => {

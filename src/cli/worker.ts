@@ -8,11 +8,14 @@ import { describeError, isTransientError } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { pendingVersions } from "../migrate.ts";
+import { WORKER_DEFAULTS } from "../worker/config.ts";
 import { Worker } from "../worker/worker.ts";
 import { UsageError } from "./common.ts";
-import { loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
+import { slotHeartbeatFile } from "./heartbeat_files.ts";
+import { assertAppModuleExists, loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
 import { configureCliLogging } from "./logging.ts";
 import { handleStopSignals } from "./signals.ts";
+import { superviseWorkers, watchSupervisor } from "./supervisor.ts";
 import { parseWorkerCommandLine, type WorkerCommandLine, workerFlagsHelp } from "./worker_flags.ts";
 
 /** Help text of `akadze worker`. */
@@ -35,6 +38,17 @@ export async function workerCommand(args: string[]): Promise<number> {
     return 0;
   }
   const target = parseAppTarget(line.app);
+  if (line.processes > 1) {
+    // Fail fast on a wrong path; the supervisor itself never imports the app.
+    await assertAppModuleExists(target);
+    return await superviseWorkers(line);
+  }
+  if (line.slot !== undefined) {
+    line.worker.id = `${hostname()}:${Deno.pid}:${line.slot}`;
+    if (line.worker.heartbeatFile) {
+      line.worker.heartbeatFile = slotHeartbeatFile(line.worker.heartbeatFile, line.slot);
+    }
+  }
   const stop = new AbortController();
   const removeSignals = stopOnSignals(stop);
   try {
@@ -80,6 +94,7 @@ export async function runAppWorker(
   const { app } = loaded;
   const log = logger("cli");
   const secrets = appSecrets(app);
+  let unwatch = () => {};
   try {
     await configureCliLogging(line.logging);
     if (!loaded.sameCopy) {
@@ -88,6 +103,11 @@ export async function runAppWorker(
           "package and version so that Retry, Snooze, Fail, Cancel and current() work",
         { event: "app_other_copy" },
       );
+    }
+    if (line.supervisorPid !== undefined) {
+      const watch = drainWhenOrphaned(line.supervisorPid, line);
+      unwatch = watch.unwatch;
+      signal = AbortSignal.any([signal, watch.signal]);
     }
     let worker: Worker;
     try {
@@ -109,8 +129,34 @@ export async function runAppWorker(
     if (error instanceof UsageError) throw error;
     throw new Error(describeError(error, secrets), { cause: error });
   } finally {
+    unwatch();
     await closeApp(app);
   }
+}
+
+/**
+ * In a worker process of the supervisor `supervisorPid`: a signal that aborts when the
+ * supervisor is gone (checked now and every poll interval), so the worker drains instead
+ * of running on as an orphan.
+ */
+function drainWhenOrphaned(
+  supervisorPid: number,
+  line: WorkerCommandLine,
+): { signal: AbortSignal; unwatch: () => void } {
+  const orphaned = new AbortController();
+  const unwatch = watchSupervisor(
+    supervisorPid,
+    line.worker.pollInterval ?? WORKER_DEFAULTS.pollInterval,
+    () => {
+      logger("cli").warn("supervisor {supervisorPid} is gone: stopping gracefully", {
+        event: "worker_orphaned",
+        supervisorPid,
+        slot: line.slot,
+      });
+      orphaned.abort();
+    },
+  );
+  return { signal: orphaned.signal, unwatch };
 }
 
 /** A one-line failure when the schema is missing or behind; a database that is down is not. */
@@ -141,4 +187,12 @@ async function closeApp(app: Akadze): Promise<void> {
 function appSecrets(app: Akadze): string[] {
   const password = (app.sql?.options as { pass?: unknown } | undefined)?.pass;
   return typeof password === "string" && password ? [password] : [];
+}
+
+function hostname(): string {
+  try {
+    return Deno.hostname();
+  } catch {
+    return "unknown-host";
+  }
 }

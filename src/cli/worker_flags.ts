@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { parseArgs } from "node:util";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
 import { parseFlags, UsageError } from "./common.ts";
 import {
@@ -24,6 +25,17 @@ export interface WorkerCommandLine {
   worker: WorkerOptions;
   /** How the CLI logs. */
   logging: LoggingOptions;
+  /** `--processes`: above 1, this process supervises that many worker processes. */
+  processes: number;
+  /** Under a supervisor (hidden `--slot K`): this worker process's slot, 0 … N-1. */
+  slot?: number;
+  /** Under a supervisor (hidden `--supervisor-pid`): the pid to watch; gone means drain. */
+  supervisorPid?: number;
+  /**
+   * The arguments without `--processes`, `--slot` and `--supervisor-pid`: what a
+   * supervisor passes on to its worker processes.
+   */
+  passthrough: string[];
 }
 
 const FLAGS = {
@@ -38,11 +50,17 @@ const FLAGS = {
   "poll-interval": { type: "string" },
   "heartbeat-file": { type: "string" },
   processes: { type: "string" },
+  // Hidden: set by the supervisor of --processes N on the worker processes it starts.
+  slot: { type: "string" },
+  "supervisor-pid": { type: "string" },
   "log-format": { type: "string" },
   "log-level": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
+/** The most worker processes `--processes` accepts. */
+export const MAX_PROCESSES = 1024;
+const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid"]);
 const MS_MAX = 2147483647;
 const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
 const INTEGER = /^\d+$/;
@@ -67,8 +85,11 @@ export function workerFlagsHelp(): string {
   --heartbeat-ttl S         lease length: after this long without a heartbeat, other workers
                             rescue its jobs and it stops itself (default ${s(d.heartbeatTtl)})
   --poll-interval S         longest idle wait between claim passes (default ${s(d.pollInterval)})
-  --heartbeat-file PATH     touch PATH on every loop pass (liveness probe without the database)
-  --processes N             worker processes; only 1 for now (run more with your supervisor)
+  --heartbeat-file PATH     touch PATH on every loop pass (with --processes N: PATH.supervisor
+                            and PATH.0 ... PATH.N-1); check it with akadze health
+  --processes N             run N worker processes under a supervisor that restarts a dead
+                            one (1 s, doubling to 30 s); more than 5 deaths of one in 60 s
+                            stop it with exit 1. Not with --batch or --max-jobs (default 1)
   --log-format F            ${LOG_FORMATS.join(" or ")} log lines on stderr (default text)
   --log-level L             ${LOG_LEVELS.join(", ")} (default info)
   -h, --help                show this help
@@ -76,30 +97,56 @@ export function workerFlagsHelp(): string {
 Signals: SIGINT or SIGTERM stops gracefully: no new claims, running jobs get
 --shutdown-timeout to finish, the rest go back to the queue without spending an
 attempt. A second signal exits at once (130) and leaves running jobs to the lease.
+With --processes N, signal the supervisor only: it forwards the first signal once to
+every worker process, a second forces them (130), a third kills them.
 
 Exit codes: 0 stopped, batch done or --max-jobs reached; 1 failure (database, schema
-not migrated, lost heartbeat); 2 usage error; 130 forced by a second signal.`;
+not migrated, lost heartbeat, a worker process that keeps dying); 2 usage error; 130
+forced by a second signal.`;
 }
 
 /** Parse the arguments of `akadze worker` or `akadze dev`; usage errors name the flag. */
 export function parseWorkerCommandLine(args: string[], command: string): WorkerCommandLine {
   const { values, positionals } = parseFlags(args, FLAGS, true);
   const logging: LoggingOptions = { format: "text", level: "info" };
-  if (values.help) return { help: true, app: "", worker: {}, logging };
+  if (values.help) {
+    return { help: true, app: "", worker: {}, logging, processes: 1, passthrough: [] };
+  }
   if (positionals.length === 0) {
     throw new UsageError(`missing APP: akadze ${command} ./app.ts[:export] (see --help)`);
   }
   if (positionals.length > 1) {
     throw new UsageError(`one APP expected, got ${positionals.length}: ${positionals.join(" ")}`);
   }
-  if (values.processes !== undefined) {
-    const n = integer("--processes", values.processes, 1, 10_000);
-    if (n !== 1) {
+  const processes = values.processes === undefined
+    ? 1
+    : integer("--processes", values.processes, 1, MAX_PROCESSES);
+  if (processes > 1) {
+    if (command !== "worker") {
       throw new UsageError(
-        "--processes above 1 is not supported yet: start several `akadze worker` processes " +
-          "(systemd, containers); they share the database safely",
+        `akadze ${command} runs one worker process: --processes above 1 is for akadze worker`,
       );
     }
+    for (const flag of ["batch", "max-jobs"] as const) {
+      if (values[flag] !== undefined) {
+        throw new UsageError(
+          `--${flag} runs a single process and cannot be combined with --processes above 1 ` +
+            "(the supervisor would restart a worker that finished): raise --slots instead",
+        );
+      }
+    }
+  }
+  let slot: number | undefined;
+  let supervisorPid: number | undefined;
+  if (values.slot !== undefined) {
+    if (command !== "worker" || processes > 1) {
+      throw new UsageError("--slot is set by the supervisor of --processes N on its workers");
+    }
+    slot = integer("--slot", values.slot, 0, MAX_PROCESSES - 1);
+  }
+  if (values["supervisor-pid"] !== undefined) {
+    if (slot === undefined) throw new UsageError("--supervisor-pid goes with --slot");
+    supervisorPid = integer("--supervisor-pid", values["supervisor-pid"], 1, 2 ** 31 - 1);
   }
   const worker: WorkerOptions = {};
   if (values.queue) worker.queues = values.queue.flatMap((q) => q.split(",")).map((q) => q.trim());
@@ -133,7 +180,35 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
   }
   if (values["log-format"] !== undefined) logging.format = parseLogFormat(values["log-format"]);
   if (values["log-level"] !== undefined) logging.level = parseLogLevel(values["log-level"]);
-  return { help: false, app: positionals[0], worker, logging };
+  return {
+    help: false,
+    app: positionals[0],
+    worker,
+    logging,
+    processes,
+    slot,
+    supervisorPid,
+    passthrough: withoutSupervisorFlags(args),
+  };
+}
+
+/** `args` (already validated) without `--processes`, `--slot` and `--supervisor-pid`. */
+function withoutSupervisorFlags(args: string[]): string[] {
+  const { tokens } = parseArgs({
+    args,
+    options: FLAGS,
+    allowPositionals: true,
+    strict: true,
+    tokens: true,
+  });
+  const drop = new Set<number>();
+  for (const token of tokens) {
+    if (token.kind !== "option" || !SUPERVISOR_FLAGS.has(token.name)) continue;
+    drop.add(token.index);
+    // "--processes 2" (not "--processes=2"): the value is the next argument.
+    if (token.inlineValue === false) drop.add(token.index + 1);
+  }
+  return args.filter((_, index) => !drop.has(index));
 }
 
 /** Seconds (decimals allowed) as whole milliseconds, at least 1 ms. */

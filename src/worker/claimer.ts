@@ -79,7 +79,8 @@ export class Claimer {
                                and c.queue = any($1::text[]) and c.task = any($2::text[])
                                and c.run_at <= now() and c.cancel_requested_at is null)
               order by l.key limit ${LIMIT_KEYS}`,
-      lock: `select key from ${s}.limits where key = any($1::text[]) order by key for update`,
+      lock: `select key from ${s}.limits where key = any($1::text[]) order by key
+             for update skip locked`,
       limited: limitedClaimStatement(s),
     };
   }
@@ -147,10 +148,14 @@ export class Claimer {
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks])).map((r) => r.key);
       if (keys.length === 0) return [];
       // Serialise claimers of the same keys; the claim below then counts with a fresh
-      // snapshot (a new statement), so what it sees running is what is running.
-      await tx.unsafe(this.#statements.lock, [keys]);
+      // snapshot (a new statement), so what it sees running is what is running. A key
+      // another claimer holds is left for the next pass: never wait, for that claimer may
+      // be frozen mid-transaction (a stopped process, a partition) and waiting would stall
+      // this loop and its heartbeat with it.
+      const locked = (await tx.unsafe(this.#statements.lock, [keys])).map((r) => r.key);
+      if (locked.length === 0) return [];
       return await tx.unsafe(this.#statements.limited, [
-        keys,
+        locked,
         queues,
         slots,
         tasks,
@@ -216,12 +221,21 @@ function split(rows: Row[], rolledBack: number): ClaimResult {
   };
 }
 
-/** The conditions of a ready job of this worker (alias `c`, queue name `$queue`). */
-function ready(s: string, queue: string): string {
+/**
+ * The conditions of a ready job (alias `c`) in queue `queue`. Pauses are checked per queue
+ * by the callers, not per row: a per-row subplan raises the plan's cost estimate past
+ * PostgreSQL's jit_above_cost, and JIT compiling every claim costs ~45 ms.
+ */
+function ready(queue: string): string {
   return `c.state = 'queued' and c.queue = ${queue} and c.run_at <= now()
     and c.cancel_requested_at is null
-    and (c.expires_at is null or c.expires_at > now())
-    and not exists (select 1 from ${s}.queue_pauses p where p.queue = c.queue)`;
+    and (c.expires_at is null or c.expires_at > now())`;
+}
+
+/** `unnest(queues, slots)` as `q(name, n, ord)` without the paused queues. */
+function openQueues(s: string, queues: string, slots: string): string {
+  return `(select * from unnest(${queues}::text[], ${slots}::int[]) with ordinality as u(name, n, ord)
+           where not exists (select 1 from ${s}.queue_pauses p where p.queue = u.name)) as q`;
 }
 
 function claimStatement(s: string): string {
@@ -240,10 +254,10 @@ function claimStatement(s: string): string {
       select r.id from (
         select x.id, q.ord,
                row_number() over (partition by q.ord order by x.priority desc, x.run_at, x.id) as rn
-          from unnest($1::text[], $2::int[]) with ordinality as q(name, n, ord)
+          from ${openQueues(s, "$1", "$2")}
           cross join lateral (
             select c.id, c.priority, c.run_at from ${s}.jobs c
-             where ${ready(s, "q.name")}
+             where ${ready("q.name")}
                and c.task = any($3::text[])
                and c.id <> all($7::bigint[])
                and (c.limit_key is null
@@ -281,8 +295,9 @@ function limitedClaimStatement(s: string): string {
     candidates as (
       select x.* from room cross join lateral (
         select c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
-         where c.limit_key = room.key and c.queue = any($2::text[])
-           and ${ready(s, "c.queue")}
+         where c.limit_key = room.key
+           and c.queue in (select q.name from ${openQueues(s, "$2", "$3")})
+           and ${ready("c.queue")}
            and c.task = any($4::text[])
            and c.id <> all($6::bigint[])
          order by c.priority desc, c.run_at, c.id

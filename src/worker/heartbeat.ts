@@ -26,6 +26,8 @@ export interface BeatResult {
   registered: boolean;
   /** Ids of this worker's running jobs whose cancellation was requested. */
   cancelRequested: string[];
+  /** This worker's running jobs as the database sees them (with their claim's run_count). */
+  running: { id: string; runCount: number }[];
 }
 
 /** Keeps one worker's row alive. */
@@ -51,7 +53,9 @@ export class Heartbeat {
       select hb.registered,
              array(select id::text from ${s}.jobs
                     where worker_id = $1 and state = 'running'
-                      and cancel_requested_at is not null) as cancel
+                      and cancel_requested_at is not null) as cancel,
+             array(select id::text || ':' || run_count from ${s}.jobs
+                    where worker_id = $1 and state = 'running') as running
         from hb`;
     this.#remove = `delete from ${s}.workers w where w.id = $1
       and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
@@ -84,7 +88,11 @@ export class Heartbeat {
       }),
     ]).finally(() => clearTimeout(timer));
     this.lastSuccess = performance.now();
-    return { registered: row.registered, cancelRequested: row.cancel };
+    const running = (row.running as string[]).map((item) => {
+      const [id, runCount] = item.split(":");
+      return { id, runCount: Number(runCount) };
+    });
+    return { registered: row.registered, cancelRequested: row.cancel, running };
   }
 
   /** Remove the worker row (on a clean stop), unless jobs still run under it. */

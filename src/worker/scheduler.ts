@@ -26,6 +26,15 @@ export interface SchedulerResult {
 const CLOCK_SYNC_EVERY = 60_000;
 const RETRY_MIN = 1_000;
 const RETRY_MAX = 60_000;
+/**
+ * How long a dispatch waits for a row lock (e.g. the same fire's row, inserted by another
+ * worker whose transaction has not ended). That worker may be frozen mid-transaction (a
+ * stopped process, a partition): waiting longer would stall this worker's loop and its
+ * heartbeat. The fire is tried again on a later pass, within the grace.
+ */
+const LOCK_TIMEOUT = "100ms";
+/** lock_not_available: the lock timeout above expired. */
+const LOCK_NOT_AVAILABLE = "55P03";
 
 /** Dispatches due schedule fires for one worker. */
 export class Scheduler {
@@ -79,7 +88,8 @@ export class Scheduler {
         this.#retry.delete(schedule.name);
         result[outcome].push(schedule.name);
       } catch (error) {
-        if (!isTransientError(error)) {
+        const busy = (error as { code?: unknown }).code === LOCK_NOT_AVAILABLE;
+        if (!isTransientError(error) && !busy) {
           // Database unreachable is the worker's business; anything else is this schedule's.
           this.#log.error("schedule {schedule} failed to fire: {message}", {
             event: "schedule_failed",
@@ -100,6 +110,7 @@ export class Scheduler {
   async #dispatch(schedule: Schedule, fire: Date): Promise<"fired" | "skipped" | "taken"> {
     const { claim, busy, link } = this.#statements;
     const outcome = await this.#app.sql.begin(async (tx) => {
+      await tx.unsafe(`set local lock_timeout = '${LOCK_TIMEOUT}'`);
       const [claimed] = await tx.unsafe(claim, [schedule.name, fire]);
       if (!claimed) return { kind: "taken" as const };
       if (!schedule.overlap && (await tx.unsafe(busy, [schedule.name])).length > 0) {

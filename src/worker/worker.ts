@@ -90,6 +90,7 @@ export class Worker {
   #services: LoopService[] = [];
   #inflight = new Map<string, Running>();
   #pending: PendingOutcome[] = [];
+  #releasing = new Set<string>();
   #flushing: Promise<void> | null = null;
   #claims = 0;
   #offset = 0;
@@ -99,6 +100,7 @@ export class Worker {
   #wakeFlag = false;
   #wake: () => void = () => {};
   #beatOk = false;
+  #draining = false;
   #nextBeat = 0;
 
   /**
@@ -318,6 +320,9 @@ export class Worker {
     if (now < this.#nextBeat) return null;
     const { heartbeatInterval, heartbeatTtl } = this.config;
     try {
+      // No claim runs during a beat, so what it reports running and this set lacks is
+      // not ours to finish (see #releaseOrphans).
+      const known = new Set(this.#inflight.keys());
       const beat = await this.#heartbeat.runOnce();
       if (beat.registered && this.#beatOk === false && this.#heartbeat.lastSuccess !== null) {
         this.#log.debug("worker {workerId} registered", {
@@ -328,6 +333,7 @@ export class Worker {
       this.#beatOk = true;
       this.#nextBeat = now + heartbeatInterval;
       for (const id of beat.cancelRequested) this.#cancel(id);
+      this.#releaseOrphans(beat.running.filter((r) => !known.has(r.id)));
       return null;
     } catch (error) {
       if (!isTransientError(error)) return this.#fatal(error);
@@ -390,9 +396,29 @@ export class Worker {
       if (outcome) await this.#write(outcome);
       const wasFull = this.#isFull(row.queue);
       this.#inflight.delete(row.id);
-      if (wasFull || this.config.batch) this.#wakeUp();
+      // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
+      if (wasFull || this.config.batch || this.#draining) this.#wakeUp();
     });
     this.#inflight.set(row.id, { execution, queue: row.queue, done });
+  }
+
+  /**
+   * Jobs the database says this worker runs but it does not: a claim that committed while
+   * its reply was lost (a connection killed mid-claim), or a run whose outcome could not
+   * be written. Its heartbeat keeps them from every rescuer, so put them back here, fenced
+   * on their run_count, without spending an attempt.
+   */
+  #releaseOrphans(orphans: { id: string; runCount: number }[]): void {
+    for (const { id, runCount } of orphans) {
+      if (this.#releasing.has(id)) continue;
+      this.#releasing.add(id);
+      this.#log.warn("job {jobId} is running under this worker but not in it; releasing it", {
+        event: "orphan_released",
+        jobId: id,
+        runCount,
+      });
+      this.#write({ id, runCount, kind: "release" }).finally(() => this.#releasing.delete(id));
+    }
   }
 
   #isFull(queue: string): boolean {
@@ -544,6 +570,7 @@ export class Worker {
 
   /** Graceful drain: wait for running jobs, then put the rest back without spending attempts. */
   async #drain(untilDone: boolean): Promise<void> {
+    this.#draining = true;
     let deadline = untilDone ? Infinity : performance.now() + this.config.shutdownTimeout;
     while (this.#inflight.size > 0 && performance.now() < deadline) {
       if (untilDone && this.#stopRequested && deadline === Infinity) {

@@ -1,0 +1,989 @@
+// `deno task bench`: akadze, graphile-worker 0.18 and pg-boss 12 side by side on one durable
+// throwaway PostgreSQL, interleaved over rounds, each system on a fresh database per round.
+// Writes bench/results/<date>.json and .md (see bench/README.md).
+//
+//   deno task bench [--rounds 3] [--n 50000] [--only akadze,graphile,pgboss] [--out FILE]
+//                   [--single 1000] [--samples 300] [--retained 1000000] [--idle 30]
+//                   [--timeout 900] [--pg name=value]...
+//   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
+import postgres from "postgres";
+import { migrate } from "../mod.ts";
+import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
+import type { DriverSpec } from "./akadze/driver.ts";
+import type { WorkerSpec } from "./akadze/worker.ts";
+import { LineReader, LineWriter } from "./lib/lines.ts";
+import { CLK_TCK, cpuMs, postgresCpuMs } from "./lib/proc.ts";
+import {
+  cell,
+  fmt,
+  type MetricName,
+  METRICS,
+  type Metrics,
+  metricsOf,
+  type RawResult,
+  summarize,
+  type Summary,
+} from "./lib/report.ts";
+
+const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+const BENCH = `${ROOT}/bench`;
+const PEERS_DIR = `${BENCH}/.peers`;
+const NODE = `${PEERS_DIR}/node_modules/.bin/node`;
+const PEER_PACKAGES = ["node@22", "graphile-worker@0.18", "pg-boss@12", "pg"];
+
+// ---------------------------------------------------------------------------------------
+// Flags
+
+type System = "akadze" | "graphile" | "pgboss";
+const SYSTEMS: readonly System[] = ["akadze", "graphile", "pgboss"];
+
+interface Flags {
+  smoke: boolean;
+  rounds: number;
+  n: number;
+  only: Set<System>;
+  out?: string;
+  single: number;
+  samples: number;
+  batchRows: number;
+  retained: number;
+  idle: number;
+  timeout: number;
+  pg: Record<string, string>;
+}
+
+function usage(message: string): never {
+  console.error(`error: ${message}`);
+  console.error(
+    "usage: deno task bench [--smoke] [--rounds R] [--n N] [--only akadze|graphile|pgboss[,...]]\n" +
+      "       [--out FILE.json] [--single K] [--samples S] [--retained M] [--idle SECONDS]\n" +
+      "       [--timeout SECONDS] [--pg name=value]...",
+  );
+  Deno.exit(2);
+}
+
+function parseFlags(args: string[]): Flags {
+  const smoke = args.includes("--smoke");
+  const flags: Flags = {
+    smoke,
+    rounds: smoke ? 1 : 3,
+    n: smoke ? 200 : 50_000,
+    only: new Set(smoke ? ["akadze"] : SYSTEMS),
+    single: smoke ? 20 : 1_000,
+    samples: smoke ? 20 : 300,
+    batchRows: 5_000,
+    retained: smoke ? 0 : 1_000_000,
+    idle: smoke ? 0 : 30,
+    timeout: 900,
+    pg: {},
+  };
+  let onlyGiven = false;
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i];
+    if (arg === "--smoke") continue;
+    const [name, inline] = arg.startsWith("--") && arg.includes("=") && !arg.startsWith("--pg=")
+      ? [arg.slice(0, arg.indexOf("=")), arg.slice(arg.indexOf("=") + 1)]
+      : [arg, undefined];
+    const value = () => {
+      const v = inline ?? args[++i];
+      if (v === undefined) usage(`${name} needs a value`);
+      return v;
+    };
+    const count = (min: number) => {
+      const v = value();
+      const n = Number(v.replaceAll("_", ""));
+      if (!Number.isInteger(n) || n < min) usage(`${name} must be an integer >= ${min}, got ${v}`);
+      return n;
+    };
+    switch (name) {
+      case "--rounds":
+        flags.rounds = count(1);
+        break;
+      case "--n":
+        flags.n = count(1);
+        break;
+      case "--single":
+        flags.single = count(0);
+        break;
+      case "--samples":
+        flags.samples = count(0);
+        break;
+      case "--batch-rows":
+        flags.batchRows = count(1);
+        break;
+      case "--retained":
+        flags.retained = count(0);
+        break;
+      case "--idle":
+        flags.idle = count(0);
+        break;
+      case "--timeout":
+        flags.timeout = count(1);
+        break;
+      case "--out":
+        flags.out = value();
+        break;
+      case "--only": {
+        if (!onlyGiven) flags.only.clear();
+        onlyGiven = true;
+        for (const s of value().split(",")) {
+          if (!SYSTEMS.includes(s as System)) usage(`--only takes ${SYSTEMS.join(", ")}, got ${s}`);
+          flags.only.add(s as System);
+        }
+        break;
+      }
+      case "--pg": {
+        const v = value();
+        const eq = v.indexOf("=");
+        if (eq < 1) usage(`--pg takes name=value, got ${v}`);
+        flags.pg[v.slice(0, eq)] = v.slice(eq + 1);
+        break;
+      }
+      default:
+        usage(`unknown argument ${arg}`);
+    }
+  }
+  return flags;
+}
+
+// ---------------------------------------------------------------------------------------
+// What runs: one entry per system and configuration.
+
+interface Entry {
+  key: string;
+  system: System;
+  label: string;
+  /** akadze: app/worker options; peers: environment of the driver. */
+  config: Record<string, unknown>;
+  /** akadze: succeeded rows stored in the jobs table before the run. */
+  retained?: number;
+  /** For the retained case: the entry (same config, empty table) it is compared with. */
+  baseline?: string;
+}
+
+/**
+ * akadze's configurations. The first is its throughput configuration: the one the targets
+ * are checked with, and the one the retained-rows case, the idle measurement and the smoke
+ * run use. `jit: false` hands the app a pool opened with the session setting jit=off
+ * (`new Akadze({ sql: postgres(url, { connection: { jit: "off" } }) })`): with PostgreSQL's
+ * default JIT the claim statement gets compiled on every call once the queue is large (see
+ * bench/README.md).
+ */
+const AKADZE_CONFIGS: {
+  key: string;
+  label: string;
+  app: DriverSpec["app"];
+  worker: DriverSpec["worker"];
+}[] = [
+  {
+    key: "akadze",
+    label: "akadze (slots 500, jit=off pool)",
+    app: { jit: false },
+    worker: { slots: 500 },
+  },
+  { key: "akadze-jit", label: "akadze (slots 500, default pool)", app: {}, worker: { slots: 500 } },
+  {
+    key: "akadze-s50",
+    label: "akadze (slots 50, jit=off pool)",
+    app: { jit: false },
+    worker: { slots: 50 },
+  },
+];
+
+function entriesFor(flags: Flags): Entry[] {
+  const entries: Entry[] = [];
+  if (flags.only.has("akadze")) {
+    const configs = flags.smoke ? AKADZE_CONFIGS.slice(0, 1) : AKADZE_CONFIGS;
+    for (const c of configs) {
+      entries.push({
+        key: c.key,
+        system: "akadze",
+        label: c.label,
+        config: { app: c.app, worker: c.worker },
+      });
+    }
+    if (flags.retained > 0) {
+      const c = AKADZE_CONFIGS[0];
+      entries.push({
+        key: `${c.key}-retained`,
+        system: "akadze",
+        label: `${c.label}, ${fmt(flags.retained)} rows retained`,
+        config: { app: c.app, worker: c.worker },
+        retained: flags.retained,
+        baseline: c.key,
+      });
+    }
+  }
+  if (flags.only.has("graphile")) {
+    entries.push({
+      key: "graphile",
+      system: "graphile",
+      label: "graphile-worker (LQ 500, batched, conc 24)",
+      config: { CONC: 24, LQ: 500, BATCH: 0 },
+    });
+  }
+  if (flags.only.has("pgboss")) {
+    entries.push({
+      key: "pgboss",
+      system: "pgboss",
+      label: "pg-boss (batch 500, notify, burst, conc 4)",
+      config: { CONC: 4, BATCH: 500 },
+    });
+  }
+  return entries;
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes: each driver runs in its own process group, killed whole on timeout or
+// interrupt, so nothing outlives the run.
+
+let current: Deno.ChildProcess | null = null;
+let interrupted = false;
+
+function killGroup(child: Deno.ChildProcess): void {
+  try {
+    Deno.kill(-child.pid, "SIGKILL");
+  } catch {
+    try {
+      child.kill("SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
+}
+
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  Deno.addSignalListener(signal, () => {
+    interrupted = true;
+    if (current) killGroup(current);
+  });
+}
+
+/** Run a driver; resolves to its BENCH_RESULT object. */
+async function runDriver(
+  name: string,
+  command: string,
+  args: string[],
+  env: Record<string, string>,
+  timeoutMs: number,
+): Promise<RawResult> {
+  const child = new Deno.Command(command, {
+    args,
+    env,
+    cwd: ROOT,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+    detached: true,
+  }).spawn();
+  current = child;
+  let timedOut = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    killGroup(child);
+  }, timeoutMs);
+  let result: RawResult | null = null;
+  try {
+    const lines = new LineReader(child.stdout);
+    for (let line = await lines.next(); line !== null; line = await lines.next()) {
+      if (line.startsWith("BENCH_RESULT ")) result = JSON.parse(line.slice(13));
+      else if (line.trim()) console.error(`  [${name}] ${line}`);
+    }
+    const status = await child.status;
+    if (interrupted) throw new Error("interrupted");
+    if (timedOut) throw new Error(`${name} did not finish within ${timeoutMs / 1000} s`);
+    if (!status.success) throw new Error(`${name} exited with code ${status.code}`);
+    if (!result) throw new Error(`${name} printed no result`);
+    return result;
+  } finally {
+    clearTimeout(timer);
+    killGroup(child); // its worker process too, should it linger
+    current = null;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Machine and server facts.
+
+async function readText(path: string): Promise<string> {
+  try {
+    return await Deno.readTextFile(path);
+  } catch {
+    return "";
+  }
+}
+
+/** Busy and steal CPU time of the whole machine so far, ms (from /proc/stat). */
+async function machineCpu(): Promise<{ busy: number; steal: number }> {
+  const line = (await readText("/proc/stat")).split("\n")[0];
+  const [user, nice, system, _idle, _iowait, irq, softirq, steal] = line.split(/\s+/).slice(1)
+    .map(Number);
+  const ms = (ticks: number) => ticks * 1000 / CLK_TCK;
+  return { busy: ms(user + nice + system + irq + softirq), steal: ms(steal) };
+}
+
+async function ownTreeCpuMs(): Promise<number> {
+  const text = await readText("/proc/self/stat");
+  const f = text.slice(text.lastIndexOf(")") + 2).split(" ");
+  return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * 1000 / CLK_TCK;
+}
+
+/** Median latency of an 8 KiB write + fdatasync in the directory PostgreSQL's data is in. */
+async function fsyncMs(dir: string): Promise<number> {
+  const path = await Deno.makeTempFile({ dir, prefix: "bench-fsync-" });
+  const file = await Deno.open(path, { write: true });
+  const block = new Uint8Array(8192).fill(7);
+  const times: number[] = [];
+  try {
+    for (let i = 0; i < 200; i++) {
+      await file.seek(0, Deno.SeekMode.Start);
+      const t = performance.now();
+      await file.write(block);
+      await file.syncData();
+      times.push(performance.now() - t);
+    }
+  } finally {
+    file.close();
+    await Deno.remove(path);
+  }
+  return summarize(times).median ?? NaN;
+}
+
+async function machineInfo(dataDir: string) {
+  const cpuinfo = await readText("/proc/cpuinfo");
+  const meminfo = await readText("/proc/meminfo");
+  const memKb = Number(/^MemTotal:\s+(\d+)/m.exec(meminfo)?.[1] ?? NaN);
+  return {
+    cpu_model: /^model name\s*:\s*(.+)$/m.exec(cpuinfo)?.[1] ?? "unknown",
+    cores: navigator.hardwareConcurrency,
+    ram_gib: Math.round(memKb / 1024 / 1024 * 10) / 10,
+    os: `${Deno.build.os} ${Deno.osRelease()}`,
+    deno: Deno.version.deno,
+    fsync_8k_ms: Math.round(await fsyncMs(dataDir) * 1000) / 1000,
+    loadavg_at_start: (await readText("/proc/loadavg")).split(" ").slice(0, 3).join(" "),
+  };
+}
+
+const PG_SETTINGS = [
+  "shared_buffers",
+  "synchronous_commit",
+  "fsync",
+  "full_page_writes",
+  "wal_level",
+  "max_wal_size",
+  "checkpoint_timeout",
+  "max_connections",
+  "work_mem",
+  "jit",
+  "autovacuum",
+  "shared_preload_libraries",
+];
+
+async function postgresInfo(admin: postgres.Sql) {
+  const [{ version }] = await admin`select version()`;
+  const rows = await admin`
+    select name, setting, unit from pg_settings where name = any(${PG_SETTINGS}) order by name`;
+  const settings: Record<string, string> = {};
+  for (const r of rows) settings[r.name] = r.unit ? `${r.setting} (${r.unit})` : r.setting;
+  return { version, settings };
+}
+
+// ---------------------------------------------------------------------------------------
+// Peers: installed once into bench/.peers (ignored by git), reused while versions match.
+
+async function peerVersions(): Promise<Record<string, string> | null> {
+  try {
+    const out = await new Deno.Command(NODE, { args: ["--version"], stderr: "null" }).output();
+    const node = new TextDecoder().decode(out.stdout).trim();
+    const pkg = async (name: string) =>
+      JSON.parse(await Deno.readTextFile(`${PEERS_DIR}/node_modules/${name}/package.json`))
+        .version as string;
+    const versions = {
+      node,
+      "graphile-worker": await pkg("graphile-worker"),
+      "pg-boss": await pkg("pg-boss"),
+      pg: await pkg("pg"),
+    };
+    const major = Number(/^v(\d+)/.exec(node)?.[1]);
+    if (
+      major >= 22 && versions["graphile-worker"].startsWith("0.18.") &&
+      versions["pg-boss"].startsWith("12.")
+    ) return versions;
+  } catch {
+    // not installed
+  }
+  return null;
+}
+
+async function ensurePeers(): Promise<Record<string, string>> {
+  let versions = await peerVersions();
+  if (!versions) {
+    console.error(`installing ${PEER_PACKAGES.join(" ")} into bench/.peers (once) ...`);
+    await Deno.mkdir(PEERS_DIR, { recursive: true });
+    const manifest = `${PEERS_DIR}/package.json`;
+    if (!(await readText(manifest))) {
+      await Deno.writeTextFile(manifest, '{ "name": "akadze-bench-peers", "private": true }\n');
+    }
+    const out = await new Deno.Command("npm", {
+      args: ["install", "--no-audit", "--no-fund", "--loglevel=error", ...PEER_PACKAGES],
+      cwd: PEERS_DIR,
+      stdout: "inherit",
+      stderr: "inherit",
+    }).output();
+    if (!out.success) throw new Error(`npm install in bench/.peers failed (${out.code})`);
+    versions = await peerVersions();
+    if (!versions) throw new Error("the peers did not install as expected (Node >= 22 missing?)");
+  }
+  // Node resolves the packages from bench/.peers/node_modules when the scripts sit there.
+  await Deno.mkdir(`${PEERS_DIR}/drivers`, { recursive: true });
+  for (const name of ["common.mjs", "graphile.mjs", "pgboss.mjs"]) {
+    await Deno.copyFile(`${BENCH}/peers/${name}`, `${PEERS_DIR}/drivers/${name}`);
+  }
+  return versions;
+}
+
+// ---------------------------------------------------------------------------------------
+// One entry of one round.
+
+interface RunRecord {
+  key: string;
+  round: number;
+  ok: boolean;
+  error?: string;
+  wall_ms: number;
+  foreign_cpu_pct: number;
+  steal_pct: number;
+  raw?: RawResult;
+  metrics?: Metrics;
+}
+
+async function runEntry(
+  entry: Entry,
+  round: number,
+  flags: Flags,
+  server: ThrowawayPostgres,
+  admin: postgres.Sql,
+  postmasterPid: number,
+): Promise<RunRecord> {
+  const db = `bench_r${round}_${entry.key.replaceAll("-", "_")}`;
+  await admin.unsafe(`drop database if exists "${db}" with (force)`);
+  await admin.unsafe(`create database "${db}"`);
+  const url = server.url.replace(/\/postgres$/, `/${db}`);
+  const machine0 = await machineCpu();
+  const pg0 = await postgresCpuMs(postmasterPid);
+  const own0 = await ownTreeCpuMs();
+  const t0 = performance.now();
+  const record: RunRecord = {
+    key: entry.key,
+    round,
+    ok: false,
+    wall_ms: 0,
+    foreign_cpu_pct: NaN,
+    steal_pct: NaN,
+  };
+  const timeoutMs = flags.timeout * 1000;
+  try {
+    let raw: RawResult;
+    if (entry.system === "akadze") {
+      const spec: DriverSpec = {
+        url,
+        n: flags.n,
+        batchRows: flags.batchRows,
+        single: entry.retained ? 0 : flags.single,
+        samples: entry.retained ? 0 : flags.samples,
+        retained: entry.retained ?? 0,
+        app: entry.config.app as DriverSpec["app"],
+        worker: entry.config.worker as DriverSpec["worker"],
+        postmasterPid,
+      };
+      raw = await runDriver(
+        entry.key,
+        Deno.execPath(),
+        ["run", "--allow-all", `${BENCH}/akadze/driver.ts`, JSON.stringify(spec)],
+        { BENCH_CLK_TCK: String(CLK_TCK) },
+        timeoutMs,
+      );
+    } else {
+      const script = entry.system === "graphile" ? "graphile.mjs" : "pgboss.mjs";
+      const env: Record<string, string> = {
+        DATABASE_URL: url,
+        N: String(flags.n),
+        BATCH_ROWS: String(flags.batchRows),
+        SINGLE: String(flags.single),
+        SAMPLES: String(flags.samples),
+        PG_POSTMASTER_PID: String(postmasterPid),
+        BENCH_CLK_TCK: String(CLK_TCK),
+      };
+      for (const [k, v] of Object.entries(entry.config)) env[k] = String(v);
+      raw = await runDriver(entry.key, NODE, [`${PEERS_DIR}/drivers/${script}`], env, timeoutMs);
+    }
+    if (raw.completed !== flags.n) {
+      throw new Error(`${entry.key}: ${raw.completed} of ${flags.n} jobs completed`);
+    }
+    if (!(raw.drain_ms > 0)) throw new Error(`${entry.key}: no drain time`);
+    const wantSamples = entry.retained ? 0 : flags.samples;
+    if (wantSamples > 0 && raw.latency?.n !== wantSamples) {
+      throw new Error(`${entry.key}: ${raw.latency?.n ?? 0} of ${wantSamples} latency samples`);
+    }
+    record.raw = raw;
+    record.ok = true;
+  } catch (error) {
+    record.error = error instanceof Error ? error.message : String(error);
+  }
+  const wall = performance.now() - t0;
+  const machine1 = await machineCpu();
+  const pg1 = await postgresCpuMs(postmasterPid);
+  const own1 = await ownTreeCpuMs();
+  const capacity = wall * navigator.hardwareConcurrency;
+  const foreign = (machine1.busy - machine0.busy) - (pg1 - pg0) - (own1 - own0);
+  record.wall_ms = wall;
+  record.foreign_cpu_pct = Math.max(0, foreign / capacity * 100);
+  record.steal_pct = (machine1.steal - machine0.steal) / capacity * 100;
+  if (record.raw) record.metrics = metricsOf(record.raw, flags.n, record.foreign_cpu_pct);
+  await admin.unsafe(`drop database if exists "${db}" with (force)`).catch(() => {});
+  return record;
+}
+
+// ---------------------------------------------------------------------------------------
+// akadze's idle worker: CPU over `seconds` with nothing to do.
+
+async function idleCpu(
+  flags: Flags,
+  server: ThrowawayPostgres,
+  admin: postgres.Sql,
+  postmasterPid: number,
+) {
+  const db = "bench_idle";
+  await admin.unsafe(`drop database if exists "${db}" with (force)`);
+  await admin.unsafe(`create database "${db}"`);
+  const url = server.url.replace(/\/postgres$/, `/${db}`);
+  await migrate(url);
+  const c = AKADZE_CONFIGS[0];
+  const spec: WorkerSpec = { url, mode: "idle", n: 0, app: c.app, worker: c.worker };
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", `${BENCH}/akadze/worker.ts`, JSON.stringify(spec)],
+    cwd: ROOT,
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "inherit",
+    detached: true,
+  }).spawn();
+  current = child;
+  const lines = new LineReader(child.stdout);
+  const stdin = new LineWriter(child.stdin);
+  try {
+    const ready = JSON.parse((await lines.next()) ?? "{}");
+    if (ready.event !== "ready") throw new Error(`idle worker: ${JSON.stringify(ready)}`);
+    const cpu0 = await cpuMs(child.pid);
+    const pg0 = await postgresCpuMs(postmasterPid);
+    await new Promise((r) => setTimeout(r, flags.idle * 1000));
+    if (interrupted) throw new Error("interrupted");
+    const cpu1 = await cpuMs(child.pid);
+    const pg1 = await postgresCpuMs(postmasterPid);
+    await stdin.write("stop");
+    await stdin.close();
+    await child.status;
+    const workerMs = cpu1 - cpu0;
+    return {
+      config: c.key,
+      seconds: flags.idle,
+      worker_cpu_ms: workerMs,
+      worker_cpu_pct: workerMs / (flags.idle * 1000) * 100,
+      pg_cpu_ms: pg1 - pg0,
+    };
+  } finally {
+    killGroup(child);
+    current = null;
+    await lines.cancel();
+    await admin.unsafe(`drop database if exists "${db}" with (force)`).catch(() => {});
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Targets of the performance issue, checked on the medians.
+
+interface Target {
+  target: string;
+  akadze: string;
+  reference: string;
+  ratio: number | null;
+  met: boolean | null;
+}
+
+function targetsOf(
+  summary: Record<string, Record<MetricName, Summary>>,
+  retainedRatio: Summary | null,
+): Target[] {
+  const a = summary["akadze"], g = summary["graphile"], b = summary["pgboss"];
+  const med = (s: Record<MetricName, Summary> | undefined, m: MetricName) => s?.[m]?.median ?? null;
+  const targets: Target[] = [];
+  const add = (
+    target: string,
+    value: number | null,
+    ref: number | null,
+    refLabel: string,
+    ok: (v: number, r: number) => boolean,
+    ratio: (v: number, r: number) => number,
+    digits = 0,
+  ) => {
+    const known = value !== null && ref !== null;
+    targets.push({
+      target,
+      akadze: fmt(value, digits),
+      reference: `${fmt(ref, digits)} (${refLabel})`,
+      ratio: known ? Math.round(ratio(value!, ref!) * 100) / 100 : null,
+      met: known ? ok(value!, ref!) : null,
+    });
+  };
+  if (a && g && b) {
+    const better = (m: MetricName, higher: boolean) => {
+      const gv = med(g, m), bv = med(b, m);
+      if (gv === null || bv === null) {
+        return { v: gv ?? bv, who: gv === null ? "pg-boss" : "graphile" };
+      }
+      const gWins = higher ? gv >= bv : gv <= bv;
+      return gWins ? { v: gv, who: "graphile-worker" } : { v: bv, who: "pg-boss" };
+    };
+    const drain = better("drain_jobs_per_s", true);
+    add(
+      "drain jobs/s ≥ 1.3 × better peer",
+      med(a, "drain_jobs_per_s"),
+      drain.v,
+      drain.who,
+      (v, r) => v >= 1.3 * r,
+      (v, r) => v / r,
+    );
+    const p50 = better("lat_p50_ms", false);
+    const peerP95 = med(p50.who === "pg-boss" ? b : g, "lat_p95_ms");
+    add(
+      "latency p50 ≤ better peer's p50",
+      med(a, "lat_p50_ms"),
+      p50.v,
+      p50.who,
+      (v, r) => v <= r,
+      (v, r) => v / r,
+      2,
+    );
+    add(
+      "latency p95 ≤ 2 × that peer's p95",
+      med(a, "lat_p95_ms"),
+      peerP95,
+      p50.who,
+      (v, r) => v <= 2 * r,
+      (v, r) => v / r,
+      2,
+    );
+    const single = better("single_rows_per_s", true);
+    add(
+      "single-row enqueue ≥ better peer",
+      med(a, "single_rows_per_s"),
+      single.v,
+      single.who,
+      (v, r) => v >= r,
+      (v, r) => v / r,
+    );
+    add(
+      "bulk enqueue ≥ 0.8 × graphile-worker",
+      med(a, "bulk_rows_per_s"),
+      med(g, "bulk_rows_per_s"),
+      "graphile-worker",
+      (v, r) => v >= 0.8 * r,
+      (v, r) => v / r,
+    );
+    add(
+      `WAL bytes/job (enqueue + drain) ≤ pg-boss (graphile-worker: ${
+        fmt(med(g, "wal_total_per_job"))
+      })`,
+      med(a, "wal_total_per_job"),
+      med(b, "wal_total_per_job"),
+      "pg-boss",
+      (v, r) => v <= r,
+      (v, r) => v / r,
+    );
+  }
+  if (retainedRatio?.median !== null && retainedRatio?.median !== undefined) {
+    targets.push({
+      target: "drain with retained rows ≥ 0.9 × empty table",
+      akadze: `${fmt(retainedRatio.median, 2)} ×`,
+      reference: "0.90 ×",
+      ratio: Math.round(retainedRatio.median * 100) / 100,
+      met: retainedRatio.median >= 0.9,
+    });
+  }
+  return targets;
+}
+
+// ---------------------------------------------------------------------------------------
+// Report.
+
+function markdown(report: Report): string {
+  const { entries, summary } = report;
+  const shown = entries.filter((e) => summary[e.key]);
+  const lines: string[] = [];
+  lines.push(`# akadze benchmark, ${report.date}`, "");
+  lines.push(`Command: \`${report.command}\``, "");
+  const m = report.machine;
+  lines.push(
+    `Machine: ${m.cores} cores (${m.cpu_model}), ${m.ram_gib} GiB RAM, ${m.os}; ` +
+      `8 KiB write+fdatasync ${m.fsync_8k_ms} ms (median); load average at start ${m.loadavg_at_start}. ` +
+      `Deno ${m.deno}` + (report.peers ? `, Node ${report.peers.node}` : "") + ".",
+    "",
+  );
+  const s = report.postgres.settings;
+  lines.push(
+    `PostgreSQL: ${
+      report.postgres.version.split(" on ")[0]
+    }, one throwaway server for the whole run; ` +
+      Object.entries(s).map(([k, v]) => `${k}=${v || "''"}`).join(", ") + ".",
+    "",
+  );
+  lines.push(
+    `N = ${fmt(report.params.n)} no-op jobs per drain, bulk enqueue in calls of ` +
+      `${fmt(report.params.batchRows)} rows, ${fmt(report.params.single)} single-row enqueues, ` +
+      `${report.params.samples} latency samples; ${report.params.rounds} round(s), systems ` +
+      `interleaved (order rotated each round), a fresh database per system and round. ` +
+      `Cells: median (min–max over rounds).`,
+    "",
+  );
+  if (report.peers) {
+    lines.push(
+      `Peers: graphile-worker ${report.peers["graphile-worker"]}, pg-boss ${
+        report.peers["pg-boss"]
+      }, ` +
+        `pg ${report.peers.pg}.`,
+      "",
+    );
+  }
+  lines.push(`| metric | ${shown.map((e) => e.label).join(" | ")} |`);
+  lines.push(`|---|${shown.map(() => "---:").join("|")}|`);
+  for (
+    const [name, def] of Object.entries(METRICS) as [MetricName, (typeof METRICS)[MetricName]][]
+  ) {
+    const cells = shown.map((e) => cell(summary[e.key]?.[name], def.digits));
+    if (cells.every((c) => c === "–")) continue;
+    lines.push(`| ${def.label} | ${cells.join(" | ")} |`);
+  }
+  lines.push("");
+  if (report.retained_ratio?.median != null) {
+    lines.push(
+      `Drain rate with ${fmt(report.params.retained)} succeeded rows retained ÷ empty table ` +
+        `(same round): ${cell(report.retained_ratio, 2)}.`,
+      "",
+    );
+  }
+  if (report.idle) {
+    const i = report.idle;
+    lines.push(
+      `Idle akadze worker (${i.config}) over ${i.seconds} s: ${fmt(i.worker_cpu_ms)} ms CPU ` +
+        `(${fmt(i.worker_cpu_pct, 2)} % of a core); PostgreSQL ${fmt(i.pg_cpu_ms)} ms.`,
+      "",
+    );
+  }
+  if (report.targets.length) {
+    lines.push("## Targets (medians)", "");
+    lines.push("| target | akadze | reference | ratio | met |", "|---|---:|---:|---:|:---:|");
+    for (const t of report.targets) {
+      lines.push(
+        `| ${t.target} | ${t.akadze} | ${t.reference} | ${t.ratio ?? "–"} | ${
+          t.met === null ? "–" : t.met ? "yes" : "**no**"
+        } |`,
+      );
+    }
+    lines.push("");
+  }
+  lines.push("## Rounds", "");
+  lines.push(
+    "| round | order | drain jobs/s per entry | other processes' CPU % |",
+    "|---|---|---|---|",
+  );
+  for (const r of report.rounds) {
+    const drains = r.runs.map((x) =>
+      `${x.key} ${x.ok ? fmt(x.metrics?.drain_jobs_per_s ?? null) : `failed: ${x.error}`}`
+    );
+    lines.push(
+      `| ${r.round} | ${r.runs.map((x) => x.key).join(" → ")} | ${drains.join("; ")} | ${
+        r.runs.map((x) => fmt(x.foreign_cpu_pct)).join(" / ")
+      } |`,
+    );
+  }
+  lines.push("");
+  if (report.errors.length) {
+    lines.push("## Errors", "", ...report.errors.map((e) => `- ${e}`), "");
+  }
+  lines.push(
+    "Definitions: drain = worker start (pool already connected) until the database shows all " +
+      "N jobs finished (outcomes committed); the handler-start variant stops the clock at the " +
+      "N-th handler call. WAL = pg_current_wal_lsn() differences. Dead tuples = " +
+      "pg_stat_user_tables.n_dead_tup of the jobs table(s) 1.5 s after the drain. Peak RSS = " +
+      "VmHWM of the worker process after the drain (akadze: the worker runs in its own Deno " +
+      "process; peers: their Node process, which also did the enqueue). CPU per 1,000 jobs: " +
+      "/proc utime+stime over the drain, PostgreSQL = all server processes. Other processes' " +
+      "CPU: machine-wide busy time not spent by this benchmark or its server (noise from " +
+      "whatever else ran).",
+    "",
+  );
+  return lines.join("\n");
+}
+
+interface Report {
+  date: string;
+  command: string;
+  machine: Awaited<ReturnType<typeof machineInfo>>;
+  postgres: Awaited<ReturnType<typeof postgresInfo>>;
+  peers: Record<string, string> | null;
+  params: {
+    n: number;
+    rounds: number;
+    batchRows: number;
+    single: number;
+    samples: number;
+    retained: number;
+    idle: number;
+  };
+  entries: Entry[];
+  rounds: { round: number; runs: RunRecord[] }[];
+  summary: Record<string, Record<MetricName, Summary>>;
+  retained_ratio: Summary | null;
+  idle: Awaited<ReturnType<typeof idleCpu>> | null;
+  targets: Target[];
+  errors: string[];
+}
+
+// ---------------------------------------------------------------------------------------
+// Main.
+
+async function main(): Promise<number> {
+  const flags = parseFlags(Deno.args);
+  const entries = entriesFor(flags);
+  if (entries.length === 0) usage("nothing to run");
+  const needPeers = entries.some((e) => e.system !== "akadze");
+  const peers = needPeers ? await ensurePeers() : null;
+
+  console.error("starting a durable throwaway PostgreSQL ...");
+  const server = await startThrowawayPostgres({ durable: true, settings: flags.pg });
+  const admin = postgres(server.url, { max: 1, onnotice: () => {} });
+  const errors: string[] = [];
+  try {
+    const [{ dir }] = await admin`select current_setting('data_directory') as dir`;
+    const postmasterPid = Number((await Deno.readTextFile(`${dir}/postmaster.pid`)).split("\n")[0]);
+    const machine = await machineInfo(dir.replace(/\/data$/, ""));
+    const pgInfo = await postgresInfo(admin);
+    console.error(
+      `${pgInfo.version.split(" on ")[0]} on port ${server.port}; ${machine.cores} cores, ` +
+        `${machine.ram_gib} GiB; fsync ${machine.fsync_8k_ms} ms; load ${machine.loadavg_at_start}`,
+    );
+
+    const rounds: Report["rounds"] = [];
+    for (let round = 1; round <= flags.rounds && !interrupted; round++) {
+      const shift = (round - 1) % entries.length;
+      const order = [...entries.slice(shift), ...entries.slice(0, shift)];
+      const runs: RunRecord[] = [];
+      for (const entry of order) {
+        if (interrupted) break;
+        console.error(`round ${round}/${flags.rounds}: ${entry.label} ...`);
+        const record = await runEntry(entry, round, flags, server, admin, postmasterPid);
+        runs.push(record);
+        if (record.ok) {
+          const x = record.metrics!;
+          console.error(
+            `  drain ${fmt(x.drain_jobs_per_s)} jobs/s, bulk ${fmt(x.bulk_rows_per_s)} rows/s, ` +
+              `single ${fmt(x.single_rows_per_s)} rows/s, latency p50 ${fmt(x.lat_p50_ms, 2)} ms ` +
+              `p95 ${fmt(x.lat_p95_ms, 2)} ms, WAL ${fmt(x.wal_total_per_job)} B/job, ` +
+              `other CPU ${fmt(x.foreign_cpu_pct)} %`,
+          );
+        } else {
+          errors.push(`round ${round}, ${entry.key}: ${record.error}`);
+          console.error(`  FAILED: ${record.error}`);
+        }
+      }
+      rounds.push({ round, runs });
+    }
+
+    const summary: Report["summary"] = {};
+    for (const entry of entries) {
+      const runs = rounds.flatMap((r) => r.runs).filter((x) => x.key === entry.key && x.ok);
+      if (runs.length === 0) continue;
+      summary[entry.key] = Object.fromEntries(
+        (Object.keys(METRICS) as MetricName[]).map((
+          m,
+        ) => [m, summarize(runs.map((x) => x.metrics![m]))]),
+      ) as Record<MetricName, Summary>;
+    }
+    let retainedRatio: Summary | null = null;
+    const retained = entries.find((e) => e.baseline);
+    if (retained) {
+      const ratios = rounds.map((r) => {
+        const a = r.runs.find((x) => x.key === retained.key)?.metrics?.drain_jobs_per_s;
+        const b = r.runs.find((x) => x.key === retained.baseline)?.metrics?.drain_jobs_per_s;
+        return a && b ? a / b : NaN;
+      });
+      retainedRatio = summarize(ratios);
+    }
+
+    let idle: Report["idle"] = null;
+    if (flags.idle > 0 && flags.only.has("akadze") && !interrupted) {
+      console.error(`idle akadze worker, ${flags.idle} s ...`);
+      try {
+        idle = await idleCpu(flags, server, admin, postmasterPid);
+        console.error(`  ${fmt(idle.worker_cpu_ms)} ms CPU (${fmt(idle.worker_cpu_pct, 2)} %)`);
+      } catch (error) {
+        errors.push(`idle: ${error instanceof Error ? error.message : error}`);
+      }
+    }
+    if (interrupted) {
+      console.error("interrupted");
+      return 130;
+    }
+
+    const date = new Date().toISOString().slice(0, 10);
+    const report: Report = {
+      date,
+      command: `deno task bench${Deno.args.length ? ` ${Deno.args.join(" ")}` : ""}`,
+      machine,
+      postgres: pgInfo,
+      peers,
+      params: {
+        n: flags.n,
+        rounds: flags.rounds,
+        batchRows: flags.batchRows,
+        single: flags.single,
+        samples: flags.samples,
+        retained: flags.retained,
+        idle: flags.idle,
+      },
+      entries,
+      rounds,
+      summary,
+      retained_ratio: retainedRatio,
+      idle,
+      targets: targetsOf(summary, retainedRatio),
+      errors,
+    };
+    const md = markdown(report);
+    console.log(md);
+    for (const e of entries) {
+      const d = summary[e.key]?.drain_jobs_per_s;
+      if (d) console.log(`${e.key}: drain ${fmt(d.median)} jobs/s (median of ${d.values.length})`);
+    }
+    const out = flags.out ?? (flags.smoke ? undefined : `${BENCH}/results/${date}.json`);
+    if (out) {
+      await Deno.mkdir(out.slice(0, Math.max(0, out.lastIndexOf("/"))) || ".", { recursive: true });
+      await Deno.writeTextFile(out, JSON.stringify(report, null, 2) + "\n");
+      await Deno.writeTextFile(out.replace(/(\.json)?$/, ".md"), md);
+      console.error(`wrote ${out} and ${out.replace(/(\.json)?$/, ".md")}`);
+    }
+    return errors.length ? 1 : 0;
+  } finally {
+    await admin.end({ timeout: 1 });
+    await server.stop();
+  }
+}
+
+let code: number;
+try {
+  code = await main();
+} catch (error) {
+  console.error(`error: ${error instanceof Error ? error.message : error}`);
+  code = interrupted ? 130 : 2;
+}
+Deno.exit(code);

@@ -1,0 +1,682 @@
+// The assertions of the chaos soak, computed from what the harness saw (faults, outages,
+// processes, samples, logs) and from the database after the drain (jobs, the producers'
+// `expected` rows, the execution ledger and the trigger's transition log).
+import { pidOfWorkerId, type WorkerProcess } from "./fleet.ts";
+import { COMPLETE_TX_KINDS, type Kind, TASKS } from "./tasks.ts";
+
+/** A fault the harness injected. Times are epoch ms. */
+export interface Fault {
+  at: number;
+  kind: "kill" | "stop" | "cont" | "terminate" | "restart" | "halt";
+  /** The worker hit (kill, stop, cont, terminate). */
+  idx?: number;
+  pid?: number;
+  /** Connections terminated (terminate). */
+  count?: number;
+  /** Human-readable detail for the fault log. */
+  detail?: string;
+}
+
+/** A window during which the database refused or dropped connections. */
+export interface Outage {
+  kind: "restart" | "halt";
+  from: number;
+  to: number;
+}
+
+/** One assertion's verdict. */
+export interface Verdict {
+  ok: boolean;
+  name: string;
+  detail: string;
+  /** Extra lines (offenders), printed indented. */
+  lines?: string[];
+}
+
+/** Rows read back from the database after the drain. */
+export interface DbState {
+  jobs: {
+    id: string;
+    task: string;
+    state: string;
+    attempt: number;
+    max_attempts: number;
+    run_count: number;
+    result: { nonce?: string; runCount?: number } | null;
+    errors: { error: string; message: string }[];
+    created_at: Date;
+    finished_at: Date | null;
+  }[];
+  expected: { seq: number; kind: Kind; job_id: string; limit_key: string | null }[];
+  transitions: {
+    job_id: string;
+    old_state: string;
+    new_state: string;
+    old_run_count: number;
+    new_run_count: number;
+    old_attempt: number;
+    new_attempt: number;
+    old_worker: string | null;
+    new_worker: string | null;
+    error: string | null;
+    message: string | null;
+    limit_running: number | null;
+    at: Date;
+  }[];
+  starts: { job_id: string; run_count: number; nonce: string; pid: number; at: Date }[];
+  commits: { job_id: string; run_count: number; nonce: string; pid: number }[];
+  /** The fires of the `chaos.tick` schedule. */
+  periodic: { fire_at: Date; job_id: string | null }[];
+  /** Every stored error message and result, as text (scanned for secrets). */
+  storedTexts: string[];
+}
+
+/** Everything the analysis needs. */
+export interface RunData {
+  jobsPlanned: number;
+  heartbeatInterval: number;
+  heartbeatTtl: number;
+  rescueSlack: number;
+  /** Added to the rescue bound for each outage a rescue waited through (reconnect). */
+  reconnectAllowance: number;
+  /** The interval of the `chaos.tick` schedule, ms. */
+  tickEvery: number;
+  /** maxRunning per limit key. */
+  limits: Record<string, number>;
+  /** Jobs per second the producers offered. */
+  offeredRate: number;
+  producerErrors: string[];
+  duplicatesHandled: number;
+  faults: Fault[];
+  outages: Outage[];
+  workers: WorkerProcess[];
+  samples: {
+    count: number;
+    failed: number;
+    /** Lock waits longer than a second seen by the sampler, with their blockers. */
+    lockWaits: string[];
+    maxRunning: Record<string, number>;
+    uniqueViolations: string[];
+  };
+  chaos: { from: number; to: number; terminalAtEnd: number };
+  drained: boolean;
+  /** When the drain found every job finished (epoch ms). */
+  drainedAt: number;
+  finalStopFrom: number;
+  secrets: { name: string; value: string }[];
+  /** Error messages the harness itself caught (also scanned for secrets). */
+  harnessMessages: string[];
+  rssLimitMb: number;
+  db: DbState;
+}
+
+const KIND_OF_TASK = new Map<string, Kind>(
+  Object.entries(TASKS).map(([kind, task]) => [task, kind as Kind]),
+);
+/** How far before a run's claim a terminated connection or an outage may explain its error. */
+const LOOKBACK_MS = 3_000;
+/** Errors of a connection the server closed (terminated backend, shutdown, reset). */
+const CONNECTION_LOST =
+  /terminating connection|57P0[123]|CONNECTION_(CLOSED|ENDED|DESTROYED)|ECONNRESET|EPIPE|ECONNREFUSED|ended by the other party/;
+
+const ms = (d: Date) => d.getTime();
+const s = (n: number, digits = 1) => `${(n / 1000).toFixed(digits)} s`;
+
+/** Run every assertion. */
+export async function analyze(run: RunData): Promise<Verdict[]> {
+  const { db } = run;
+  const verdicts: Verdict[] = [];
+  const add = (ok: boolean, name: string, detail: string, lines: string[] = []) =>
+    verdicts.push({ ok, name, detail, lines: lines.slice(0, 25) });
+  const jobs = new Map(db.jobs.map((j) => [j.id, j]));
+  const kindOf = (task: string) => KIND_OF_TASK.get(task);
+  const byPid = new Map(run.workers.map((w) => [w.pid, w]));
+  const startsOf = new Map<string, DbState["starts"]>();
+  for (const row of db.starts) {
+    const key = `${row.job_id}:${row.run_count}`;
+    startsOf.set(key, [...(startsOf.get(key) ?? []), row]);
+  }
+  const transitionsOf = new Map<string, DbState["transitions"]>();
+  for (const t of db.transitions) {
+    transitionsOf.set(t.job_id, [...(transitionsOf.get(t.job_id) ?? []), t]);
+  }
+
+  // 1. Enqueued: every planned job, by the producers, without errors.
+  add(
+    db.expected.length === run.jobsPlanned && run.producerErrors.length === 0,
+    "every planned job was enqueued",
+    `${db.expected.length} of ${run.jobsPlanned} jobs enqueued in the producers' transactions ` +
+      `(${run.duplicatesHandled} DuplicateJob refusals handled inside them), ` +
+      `${run.producerErrors.length} producer errors`,
+    run.producerErrors,
+  );
+
+  // 2. Nothing lost, nothing invented.
+  const missing = db.expected.filter((e) => !jobs.has(e.job_id));
+  const expectedIds = new Set(db.expected.map((e) => e.job_id));
+  const fired = new Set(db.periodic.map((p) => p.job_id));
+  const ticks = db.jobs.filter((j) => kindOf(j.task) === "tick");
+  const extra = db.jobs.filter((j) => !expectedIds.has(j.id) && !fired.has(j.id));
+  add(
+    missing.length === 0 && extra.length === 0,
+    "no job lost, none invented",
+    `${db.jobs.length} job rows: ${db.expected.length} enqueued by the producers, ` +
+      `${ticks.length} by the schedule; ${missing.length} missing, ${extra.length} unexpected`,
+    [
+      ...missing.map((e) => `missing: seq ${e.seq} job ${e.job_id}`),
+      ...extra.map((j) => `unexpected: job ${j.id} ${j.task}`),
+    ],
+  );
+
+  // 3. Terminal.
+  const byState: Record<string, number> = {};
+  for (const j of db.jobs) byState[j.state] = (byState[j.state] ?? 0) + 1;
+  // A schedule keeps firing until the workers stop: a tick enqueued after the drain may
+  // still be queued, for the next worker to run.
+  const late = (j: DbState["jobs"][number]) =>
+    kindOf(j.task) === "tick" && j.state === "queued" && ms(j.created_at) >= run.drainedAt;
+  const active = db.jobs.filter((j) => (j.state === "queued" || j.state === "running") && !late(j));
+  const leftTicks = db.jobs.filter(late).length;
+  add(
+    active.length === 0,
+    "every job is terminal, none running",
+    `${Object.entries(byState).map(([k, v]) => `${v} ${k}`).join(", ")}` +
+      (leftTicks ? ` (${leftTicks} queued: ticks fired after the drain)` : "") +
+      (run.drained ? "" : " (the drain timed out)"),
+    active.map((j) => `job ${j.id} ${j.task} is ${j.state} (run ${j.run_count})`),
+  );
+
+  // 4. Outcomes as planned: doomed jobs fail, every other job succeeds.
+  const wrong: string[] = [];
+  const tally = { succeed: 0, succeeded: 0, doomed: 0, failed: 0 };
+  for (const j of db.jobs) {
+    const doomed = kindOf(j.task) === "doomed";
+    if (doomed) {
+      tally.doomed++;
+      if (j.state === "failed" && j.attempt === j.max_attempts) tally.failed++;
+      else wrong.push(`doomed job ${j.id} is ${j.state} (attempt ${j.attempt}/${j.max_attempts})`);
+    } else if (!late(j)) {
+      tally.succeed++;
+      if (j.state === "succeeded") tally.succeeded++;
+      else {
+        wrong.push(
+          `job ${j.id} ${j.task} is ${j.state} (attempt ${j.attempt}/${j.max_attempts}, ` +
+            `last error ${j.errors.at(-1)?.error ?? "none"})`,
+        );
+      }
+    }
+  }
+  add(
+    wrong.length === 0,
+    "every job expected to succeed succeeded",
+    `${tally.succeeded}/${tally.succeed} succeeded; ${tally.failed}/${tally.doomed} always-failing ` +
+      `jobs failed after their ${tally.doomed ? "last" : ""} attempt`,
+    wrong,
+  );
+
+  // 4b. The schedule: every fire enqueued once across all workers, none missed for long.
+  const fires = db.periodic.map((p) => ms(p.fire_at)).sort((a, b) => a - b);
+  const linked = db.periodic.filter((p) => p.job_id !== null).length;
+  const gaps = fires.slice(1).map((at, i) => at - fires[i]);
+  const maxGap = Math.max(0, ...gaps);
+  const window = run.chaos.to - run.chaos.from;
+  const unlinked = ticks.filter((j) => !fired.has(j.id));
+  add(
+    ticks.length === linked && unlinked.length === 0 && fires.length >= window / run.tickEvery / 2,
+    "every schedule fire was enqueued once across all workers",
+    `${fires.length} fires of a ${s(run.tickEvery)} schedule, ${ticks.length} tick jobs, ` +
+      `${linked} linked fires; longest gap between fires ${s(maxGap)}`,
+    unlinked.map((j) => `tick job ${j.id} has no periodic_runs row`),
+  );
+
+  // 5. One execution per claim at most.
+  const twice = [...startsOf.entries()].filter(([, rows]) => rows.length > 1);
+  add(
+    twice.length === 0,
+    "each claim ran its handler at most once",
+    `${db.starts.length} executions recorded for ${sum(db.jobs.map((j) => j.run_count))} claims; ` +
+      `${twice.length} claims ran twice`,
+    twice.map(([key, rows]) => `job:run ${key} ran ${rows.length} times`),
+  );
+
+  // 6. Every run beyond the first explained.
+  const reasons: Record<string, number> = {};
+  const unexplained: string[] = [];
+  const latencies: { job: string; latency: number; down: number; cause: string }[] = [];
+  let reruns = 0;
+  for (const j of db.jobs) {
+    const ts = transitionsOf.get(j.id) ?? [];
+    const claims = new Map(
+      ts.filter((t) => t.new_state === "running").map((t) => [t.new_run_count, t]),
+    );
+    const ends = new Map(
+      ts.filter((t) => t.old_state === "running").map((t) => [t.old_run_count, t]),
+    );
+    const kind = kindOf(j.task);
+    for (let r = 1; r <= j.run_count; r++) {
+      const end = ends.get(r);
+      const claim = claims.get(r);
+      if (!end || end.new_state === "succeeded") continue;
+      const last = r === j.run_count;
+      if (last && kind === "doomed" && end.new_state === "failed") continue;
+      if (!last) reruns++;
+      const started = startsOf.has(`${j.id}:${r}`);
+      const why = explain(run, end, claim, kind, byPid, started);
+      reasons[why.reason] = (reasons[why.reason] ?? 0) + 1;
+      if (why.reason === "unexplained") {
+        unexplained.push(
+          `job ${j.id} ${j.task} run ${r} on ${end.old_worker ?? "?"}: ${end.old_state}→` +
+            `${end.new_state} at ${new Date(end.at).toISOString()} ` +
+            `(${end.error ?? "no error"}${end.message ? `: ${end.message.slice(0, 120)}` : ""})`,
+        );
+      }
+      if (why.latency !== undefined) {
+        latencies.push({ job: j.id, latency: why.latency, down: why.down ?? 0, cause: why.reason });
+      }
+    }
+  }
+  const reasonText = Object.entries(reasons).sort((a, b) => b[1] - a[1])
+    .map(([k, v]) => `${v} ${k}`).join(", ");
+  add(
+    unexplained.length === 0,
+    "every execution beyond the first is explained",
+    `${reruns} reruns in ${db.jobs.filter((j) => j.run_count > 1).length} jobs; runs that ` +
+      `did not succeed: ${reasonText || "none"}`,
+    unexplained,
+  );
+
+  // 7. completeTx: exactly once per succeeded job, from its last run.
+  const commitsOf = new Map<string, DbState["commits"]>();
+  for (const c of db.commits) commitsOf.set(c.job_id, [...(commitsOf.get(c.job_id) ?? []), c]);
+  const txProblems: string[] = [];
+  let txJobs = 0;
+  for (const j of db.jobs) {
+    const kind = kindOf(j.task);
+    if (!kind || !COMPLETE_TX_KINDS.includes(kind)) {
+      if (commitsOf.has(j.id)) txProblems.push(`job ${j.id} ${j.task} has completeTx rows`);
+      continue;
+    }
+    txJobs++;
+    const commits = commitsOf.get(j.id) ?? [];
+    const want = j.state === "succeeded" ? 1 : 0;
+    if (commits.length !== want) {
+      txProblems.push(`job ${j.id} ${j.task} is ${j.state} with ${commits.length} completeTx rows`);
+    }
+  }
+  add(
+    txProblems.length === 0,
+    "completeTx wrote exactly once per succeeded job",
+    `${db.commits.length} completeTx rows for ` +
+      `${db.jobs.filter((j) => j.state === "succeeded" && isTx(kindOf(j.task))).length} ` +
+      `succeeded completeTx jobs (${txJobs} such jobs in all)`,
+    txProblems,
+  );
+
+  // 8. Fencing: the outcome stored is that of the job's last run.
+  const stale: string[] = [];
+  const lastStartOf = new Map<string, number>();
+  for (const r of db.starts) {
+    lastStartOf.set(r.job_id, Math.max(lastStartOf.get(r.job_id) ?? 0, r.run_count));
+  }
+  let checked = 0;
+  for (const j of db.jobs) {
+    if (j.state !== "succeeded") continue;
+    checked++;
+    const lastStart = lastStartOf.get(j.id) ?? 0;
+    const mine = startsOf.get(`${j.id}:${j.run_count}`)?.[0];
+    let written: { nonce?: string; runCount?: number } | null;
+    if (isTx(kindOf(j.task))) {
+      const c = commitsOf.get(j.id)?.[0];
+      written = c ? { nonce: c.nonce, runCount: c.run_count } : null;
+    } else {
+      written = j.result;
+    }
+    if (
+      lastStart !== j.run_count || !mine || !written || written.runCount !== j.run_count ||
+      written.nonce !== mine.nonce
+    ) {
+      stale.push(
+        `job ${j.id} ${j.task}: row run ${j.run_count}, ledger last run ${lastStart}, outcome ` +
+          `from run ${written?.runCount ?? "?"} nonce ${written?.nonce ?? "?"} ` +
+          `(last run's nonce ${mine?.nonce ?? "?"})`,
+      );
+    }
+  }
+  add(
+    stale.length === 0,
+    "no outcome overwritten by a stale run",
+    `${checked} succeeded jobs: the ledger's last run, the row's run_count and the stored ` +
+      `outcome's run and nonce agree for ${checked - stale.length}`,
+    stale,
+  );
+
+  // 9. Attempts.
+  const over = db.jobs.filter((j) => j.attempt > j.max_attempts || j.attempt > j.run_count);
+  add(
+    over.length === 0,
+    "attempt ≤ max_attempts (and ≤ run_count)",
+    `max attempt spent ${Math.max(0, ...db.jobs.map((j) => j.attempt))}, ` +
+      `max run_count ${Math.max(0, ...db.jobs.map((j) => j.run_count))}`,
+    over.map((j) => `job ${j.id}: attempt ${j.attempt}/${j.max_attempts}, runs ${j.run_count}`),
+  );
+
+  // 10. maxRunning.
+  const atClaim: Record<string, number> = {};
+  const limitKeyOf = new Map(db.expected.map((e) => [e.job_id, e.limit_key]));
+  for (const t of db.transitions) {
+    const key = limitKeyOf.get(t.job_id);
+    if (t.limit_running === null || !key) continue;
+    atClaim[key] = Math.max(atClaim[key] ?? 0, t.limit_running);
+  }
+  const limitLines: string[] = [];
+  let limitOk = run.samples.count > 0;
+  for (const [key, max] of Object.entries(run.limits)) {
+    const sampled = run.samples.maxRunning[key] ?? 0;
+    const claimed = atClaim[key] ?? 0;
+    if (sampled > max || claimed > max) limitOk = false;
+    limitLines.push(`${key} ≤ ${max}: sampled max ${sampled}, at-claim max ${claimed}`);
+  }
+  add(
+    limitOk,
+    "maxRunning never exceeded",
+    `${limitLines.join("; ")} (${run.samples.count} samples every ~50 ms, ` +
+      `${run.samples.failed} failed during outages)`,
+  );
+
+  // 11. uniqueKey.
+  add(
+    run.samples.uniqueViolations.length === 0 && run.samples.count > 0,
+    "uniqueKey never had two active jobs",
+    `${run.samples.uniqueViolations.length} violations in ${run.samples.count} samples`,
+    run.samples.uniqueViolations,
+  );
+
+  // 12. Rescue latency: from the kill (or stop) to the rescue, not counting the time the
+  // database was down (no worker can rescue then; the restart and the halt are separate
+  // faults), plus one reconnect per outage.
+  const bound = run.heartbeatTtl + run.heartbeatInterval + run.rescueSlack;
+  const effective = (m: { latency: number; down: number }) =>
+    m.down > 0 ? m.latency - m.down - run.reconnectAllowance : m.latency;
+  const measured = latencies.sort((a, b) => effective(b) - effective(a));
+  const raw = [...latencies].sort((a, b) => b.latency - a.latency)[0];
+  add(
+    measured.length > 0 && effective(measured[0]) <= bound,
+    "slowest rescue within heartbeatTtl + heartbeatInterval + slack",
+    measured.length === 0
+      ? "no rescue of a killed or stopped worker's job was observed"
+      : `${measured.length} rescues after kill/stop; slowest ${s(effective(measured[0]), 2)}` +
+        `${
+          measured[0].down > 0
+            ? ` (${s(measured[0].latency, 2)} with the database down ${s(measured[0].down, 2)})`
+            : ""
+        }, ` +
+        `median ${s(effective(measured[Math.floor(measured.length / 2)]), 2)}, slowest raw ` +
+        `${s(raw.latency, 2)}; bound ${s(bound, 2)} ` +
+        `(${s(run.heartbeatTtl)} + ${s(run.heartbeatInterval)} + ${s(run.rescueSlack)})`,
+    measured.filter((m) => effective(m) > bound).map((m) =>
+      `job ${m.job}: ${m.cause} after ${s(m.latency, 2)} (database down ${s(m.down, 2)} of it)`
+    ),
+  );
+
+  // 13. The chaos was real.
+  const count = (kind: Fault["kind"]) => run.faults.filter((f) => f.kind === kind).length;
+  const faultText = `${count("kill")} SIGKILL, ${count("stop")} SIGSTOP/SIGCONT, ` +
+    `${count("terminate")} pg_terminate_backend rounds ` +
+    `(${sum(run.faults.filter((f) => f.kind === "terminate").map((f) => f.count ?? 0))} ` +
+    `connections), ${count("restart")} restart, ${count("halt")} halt ` +
+    `(${run.outages.map((o) => `${o.kind} ${s(o.to - o.from, 2)}`).join(", ")})`;
+  add(
+    count("kill") > 0 && count("stop") > 0 && count("terminate") > 0 && count("restart") === 1 &&
+      count("halt") === 1,
+    "every kind of fault was injected",
+    faultText,
+  );
+
+  // 14 and 15. Worker exits. A worker frozen (SIGSTOP) for longer than its TTL has lost
+  // its lease: SPEC §5.10 says it stops with exit 1 when it wakes; that is expected.
+  const frozen = run.workers.filter((w) => leaseLostWhileStopped(run, w));
+  const unexpected = run.workers.filter((w) =>
+    (w.exitedAt !== null && w.endedBy === null && !frozen.includes(w)) ||
+    w.endedBy === "kill" && w.signal !== "SIGKILL"
+  );
+  const killed = run.workers.filter((w) => w.endedBy === "kill");
+  add(
+    unexpected.length === 0,
+    "no worker exited unexpectedly",
+    `${run.workers.length} worker processes: ${killed.length} SIGKILLed by the harness, ` +
+      `${frozen.length} exited 1 on waking from a SIGSTOP longer than the TTL (lease lost), ` +
+      `${run.workers.filter((w) => w.endedBy === "final").length} stopped at the end, ` +
+      `${unexpected.length} unexpected exits`,
+    await Promise.all(
+      unexpected.map(async (w) =>
+        `w${w.idx} pid ${w.pid}: code ${w.code} signal ${w.signal} at ` +
+        `+${s((w.exitedAt ?? 0) - run.chaos.from)}: ${await lastLine(w.stderrPath)}`
+      ),
+    ),
+  );
+  const final = run.workers.filter((w) => w.endedBy === "final");
+  const notGraceful = final.filter((w) => w.code !== 0);
+  add(
+    final.length > 0 && notGraceful.length === 0,
+    "every worker stopped gracefully at the end (SIGTERM → exit 0)",
+    `${final.length - notGraceful.length} of ${final.length} exited 0, the slowest after ` +
+      `${s(Math.max(0, ...final.map((w) => (w.exitedAt ?? 0) - run.finalStopFrom)), 2)}`,
+    notGraceful.map((w) => `w${w.idx} pid ${w.pid}: code ${w.code} signal ${w.signal}`),
+  );
+
+  // 16 and 17. Logs: secrets, and well-formed JSON lines.
+  const scan = await scanLogs(run);
+  add(
+    scan.hits.length === 0,
+    "no password or task-argument secret in any log line or error message",
+    `${scan.lines} log lines of ${run.workers.length} workers, ${db.storedTexts.length} stored ` +
+      `errors and results, ${run.harnessMessages.length} harness-side error messages scanned ` +
+      `for ${run.secrets.map((x) => x.name).join(" and ")}`,
+    scan.hits,
+  );
+  add(
+    scan.malformed.length === 0,
+    "worker logs are JSON lines only (no stray output, no uncaught error)",
+    `${scan.records} JSON records; events: ${
+      Object.entries(scan.events).sort((a, b) => b[1] - a[1]).slice(0, 12)
+        .map(([k, v]) => `${k} ${v}`).join(", ")
+    }`,
+    scan.malformed,
+  );
+
+  // 18. Memory.
+  const peak = run.workers.reduce((a, w) => w.peakRssKb > a.peakRssKb ? w : a, run.workers[0]);
+  const peakMb = (peak?.peakRssKb ?? 0) / 1024;
+  add(
+    peakMb > 0 && peakMb <= run.rssLimitMb,
+    "peak RSS of the workers",
+    `${peakMb.toFixed(0)} MiB (w${peak?.idx}), limit ${run.rssLimitMb} MiB; median of the ` +
+      `longest-lived three ${
+        median(
+          [...run.workers].sort((a, b) => lifetime(b) - lifetime(a)).slice(0, 3)
+            .map((w) => w.peakRssKb / 1024),
+        ).toFixed(0)
+      } MiB`,
+  );
+
+  // 19. Throughput under chaos.
+  const rate = run.chaos.terminalAtEnd / (window / 1000);
+  add(
+    rate >= 0.5 * run.offeredRate,
+    "jobs/s under chaos",
+    `${rate.toFixed(1)} jobs/s finished during the ${s(window)} chaos window ` +
+      `(${run.chaos.terminalAtEnd} jobs; offered ${run.offeredRate.toFixed(1)}/s; ` +
+      `pass at ≥ 50 % of the offered rate)`,
+  );
+  return verdicts;
+}
+
+interface Explanation {
+  reason: string;
+  /** Rescue latency from the fault that caused it (kill/stop), ms. */
+  latency?: number;
+  /** The part of `latency` during which the database was down (no one could rescue). */
+  down?: number;
+}
+
+/** Latency from `from` to `to`, and how much of it the database spent down. */
+function latency(run: RunData, from: number, to: number): { latency: number; down: number } {
+  let down = 0;
+  for (const o of run.outages) down += Math.max(0, Math.min(o.to, to) - Math.max(o.from, from));
+  return { latency: to - from, down };
+}
+
+/** Why a run ended without succeeding (docs/reliability.md, assertion 7). */
+function explain(
+  run: RunData,
+  end: DbState["transitions"][number],
+  claim: DbState["transitions"][number] | undefined,
+  kind: Kind | undefined,
+  byPid: Map<number, WorkerProcess>,
+  started: boolean,
+): Explanation {
+  const endAt = ms(end.at);
+  const claimAt = claim ? ms(claim.at) : endAt - 60_000;
+  const pid = pidOfWorkerId(end.old_worker);
+  const worker = pid === null ? undefined : byPid.get(pid);
+  const faultsOf = (k: Fault["kind"]) =>
+    run.faults.filter((f) => f.kind === k && worker !== undefined && f.idx === worker.idx);
+  const outage = run.outages.some((o) => o.from <= endAt && o.to >= claimAt - LOOKBACK_MS);
+  if (end.error === "PlannedFailure") {
+    return { reason: kind === "flaky" || kind === "doomed" ? "planned failure" : "unexplained" };
+  }
+  if (end.error === "WorkerLost") {
+    const kill = faultsOf("kill").find((f) => f.at >= claimAt - 1_000 && f.at <= endAt);
+    if (kill) {
+      return { reason: "rescued after SIGKILL", ...latency(run, kill.at, endAt) };
+    }
+    const stop = faultsOf("stop").filter((f) => f.at <= endAt).at(-1);
+    const cont = stop && faultsOf("cont").find((f) => f.at >= stop.at);
+    // (A claim the frozen worker had in flight can complete just after it wakes.)
+    if (stop && (!cont || cont.at + 2_000 >= claimAt)) {
+      return { reason: "rescued after SIGSTOP", ...latency(run, stop.at, endAt) };
+    }
+    if (outage) return { reason: "rescued after a database outage" };
+    return { reason: "unexplained" };
+  }
+  if (end.error !== null) {
+    const terminated = faultsOf("terminate").some((f) =>
+      f.at >= claimAt - LOOKBACK_MS && f.at <= endAt
+    );
+    if (terminated) return { reason: "error after pg_terminate_backend" };
+    if (outage) return { reason: "error during a database outage" };
+    const stopped = faultsOf("stop").some((f) => f.at <= endAt && f.at >= claimAt - LOOKBACK_MS);
+    if (stopped) return { reason: "error after SIGSTOP" };
+    // A pooled connection killed while idle reports it on its next query, which can come
+    // much later (SPEC §2: "the first query after a server restart may fail with 57P01").
+    const since = worker?.startedAt ?? 0;
+    const killedEarlier = CONNECTION_LOST.test(`${end.error} ${end.message ?? ""}`) && (
+      faultsOf("terminate").some((f) => f.at >= since && f.at <= endAt) ||
+      run.outages.some((o) => o.to >= since && o.from <= endAt)
+    );
+    if (killedEarlier) return { reason: "error from a connection killed earlier" };
+    return { reason: "unexplained" };
+  }
+  if (end.new_state === "queued" && end.new_attempt === end.old_attempt) {
+    // A graceful stop (the end of the run) or a lease-lost exit gives running jobs back.
+    const stopping = worker !== undefined && (
+      (worker.endedBy === "final" && endAt >= run.finalStopFrom) ||
+      (worker.endedBy === null && worker.exitedAt !== null && endAt <= worker.exitedAt &&
+        endAt >= worker.exitedAt - 10_000)
+    );
+    if (stopping) return { reason: "released by a stopping worker" };
+    // The claim committed but its reply was lost (the connection was killed right then):
+    // the handler never ran, and the worker's next heartbeat gives the job back.
+    const near = (at: number) => at >= claimAt - 1_000 && at <= claimAt + 2_000;
+    const cut = faultsOf("terminate").some((f) => near(f.at)) ||
+      run.outages.some((o) => o.from <= claimAt + 2_000 && o.to >= claimAt - 1_000);
+    if (!started && cut) return { reason: "claim reply lost, released by its worker" };
+    return { reason: "unexplained" };
+  }
+  return { reason: "unexplained" };
+}
+
+/**
+ * Whether a worker exited 1 within a few seconds of waking from a SIGSTOP that outlasted
+ * its heartbeatTtl (the lease rule of SPEC §5.10, not a crash).
+ */
+export function leaseLostWhileStopped(
+  run: Pick<RunData, "faults" | "heartbeatTtl">,
+  w: WorkerProcess,
+): boolean {
+  if (w.exitedAt === null || w.endedBy !== null || w.code !== 1) return false;
+  const stops = run.faults.filter((f) => f.kind === "stop" && f.idx === w.idx);
+  return stops.some((stop) => {
+    const cont = run.faults.find((f) => f.kind === "cont" && f.idx === w.idx && f.at >= stop.at);
+    return cont !== undefined && cont.at - stop.at > run.heartbeatTtl &&
+      w.exitedAt! >= cont.at && w.exitedAt! <= cont.at + 10_000;
+  });
+}
+
+function isTx(kind: Kind | undefined): boolean {
+  return kind !== undefined && COMPLETE_TX_KINDS.includes(kind);
+}
+
+async function scanLogs(run: RunData) {
+  const hits: string[] = [];
+  const malformed: string[] = [];
+  const events: Record<string, number> = {};
+  let lines = 0;
+  let records = 0;
+  const check = (text: string, where: string) => {
+    for (const secret of run.secrets) {
+      if (text.includes(secret.value)) {
+        hits.push(`${secret.name} in ${where}: ${text.slice(0, 200)}`);
+      }
+    }
+  };
+  for (const w of run.workers) {
+    for (const path of [w.stderrPath, w.stdoutPath]) {
+      const text = await Deno.readTextFile(path).catch(() => "");
+      const all = text.split("\n");
+      const killed = w.signal === "SIGKILL";
+      let summaries = 0;
+      all.forEach((line, i) => {
+        if (line === "") return;
+        lines++;
+        check(line, `w${w.idx} ${path.split("/").pop()} line ${i + 1}`);
+        try {
+          const record = JSON.parse(line);
+          records++;
+          const event = record.event ?? record.properties?.event;
+          if (typeof event === "string") events[event] = (events[event] ?? 0) + 1;
+        } catch {
+          // A SIGKILL may cut the last line short; a worker run that ends with code 1 gets
+          // the CLI's one-line summary (SPEC §7), even if the process is killed before it
+          // exits. Deno's own "error: Uncaught …" is not one.
+          if (/^error: (?!Uncaught)/.test(line) && summaries++ === 0) return;
+          if (!(killed && i === all.length - 1)) {
+            malformed.push(`w${w.idx} line ${i + 1}: ${line.slice(0, 200)}`);
+          }
+        }
+      });
+    }
+  }
+  run.db.storedTexts.forEach((t, i) => check(t, `stored error/result #${i + 1}`));
+  run.harnessMessages.forEach((t, i) => check(t, `harness error #${i + 1}`));
+  return { hits, malformed, events, lines, records };
+}
+
+async function lastLine(path: string): Promise<string> {
+  const text = await Deno.readTextFile(path).catch(() => "");
+  return text.trim().split("\n").at(-1)?.slice(0, 300) ?? "";
+}
+
+function lifetime(w: WorkerProcess): number {
+  return (w.exitedAt ?? Date.now()) - w.startedAt;
+}
+
+function sum(values: number[]): number {
+  return values.reduce((a, b) => a + b, 0);
+}
+
+function median(values: number[]): number {
+  if (values.length === 0) return 0;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.floor(sorted.length / 2)];
+}

@@ -1,0 +1,192 @@
+/**
+ * What the operations commands (`jobs`, `queues`, `workers`, `limits`, `metrics`,
+ * `prune`) share: subcommand dispatch, a short-lived pool on `AKADZE_DATABASE_URL`, and
+ * strict parsing of ids, names, numbers and durations into usage errors.
+ *
+ * @module
+ */
+import { connect, quoteSchema, type Sql } from "../db.ts";
+import { QUEUE_NAME } from "../enqueue.ts";
+import type { ParseArgsConfig } from "node:util";
+import { databaseUrl, parseFlags, UsageError } from "./common.ts";
+
+/** The `--schema` line of every operations command's help. */
+export const SCHEMA_OPTION = "  --schema NAME   schema of akadze's tables (default akadze)";
+
+/** The usual footer of an operations command's help. */
+export const DATABASE_FOOTER = `The database is AKADZE_DATABASE_URL's (never a flag).
+Exit codes: 0 ok, 1 failure (database, state), 2 usage error or AKADZE_DATABASE_URL unset.`;
+
+/** A subcommand: its arguments in, exit code out. */
+export type Subcommand = (args: string[]) => Promise<number>;
+
+/**
+ * Run the subcommand named by `args[0]`. No subcommand prints the help and exits 2;
+ * `-h`, `--help` and `help` print it and exit 0; an unknown one is a usage error.
+ */
+export async function dispatch(
+  command: string,
+  args: string[],
+  help: string,
+  subcommands: Record<string, Subcommand>,
+): Promise<number> {
+  const [name, ...rest] = args;
+  if (name === undefined) {
+    console.log(help);
+    return 2;
+  }
+  if (name === "-h" || name === "--help" || name === "help") {
+    console.log(help);
+    return 0;
+  }
+  const run = Object.hasOwn(subcommands, name) ? subcommands[name] : undefined;
+  if (!run) {
+    throw new UsageError(
+      `unknown ${command} command "${name}" (commands: ${
+        Object.keys(subcommands).join(", ")
+      }; see akadze ${command} --help)`,
+    );
+  }
+  return await run(rest);
+}
+
+/** The `--schema` value, validated (a usage error when it is not a valid schema name). */
+export function schemaFlag(value: string | undefined): string {
+  const schema = value ?? "akadze";
+  try {
+    quoteSchema(schema);
+  } catch (error) {
+    throw new UsageError(`--schema: ${(error as Error).message}`);
+  }
+  return schema;
+}
+
+/**
+ * Open a one-connection pool on `AKADZE_DATABASE_URL`, run `fn`, close the pool. A missing
+ * URL is a usage error (before anything else); a schema that is not there says to migrate.
+ */
+export async function withSql<T>(fn: (sql: Sql) => Promise<T>): Promise<T> {
+  const url = databaseUrl();
+  const sql = connect(url, { max: 1, applicationName: "akadze-cli", idleTimeout: 5 });
+  try {
+    return await fn(sql);
+  } catch (error) {
+    const code = (error as { code?: unknown }).code;
+    if (code === "42P01" || code === "3F000") {
+      throw new Error(
+        `${(error as Error).message} (${code}): is the schema migrated? run akadze migrate`,
+        { cause: error },
+      );
+    }
+    throw error;
+  } finally {
+    try {
+      await sql.end({ timeout: 1 });
+    } catch {
+      // Exiting anyway.
+    }
+  }
+}
+
+/** Exactly `names.length` positional arguments, else a usage error naming what is missing. */
+export function positionalArgs(positionals: string[], names: string[], usage: string): string[] {
+  if (positionals.length < names.length) {
+    throw new UsageError(`missing ${names[positionals.length]}: ${usage}`);
+  }
+  if (positionals.length > names.length) {
+    throw new UsageError(
+      `unexpected argument "${positionals[names.length]}": ${usage}`,
+    );
+  }
+  return positionals;
+}
+
+const JOB_ID = /^[1-9]\d{0,18}$/;
+
+/** A job id: a positive decimal integer that fits a bigint. */
+export function jobIdArg(text: string): string {
+  if (!JOB_ID.test(text) || BigInt(text) > 9223372036854775807n) {
+    throw new UsageError(`job id must be a positive decimal integer, got "${text}"`);
+  }
+  return text;
+}
+
+/** A queue name: 1-64 characters of letters, digits, `_ . : -`. */
+export function queueArg(text: string, what = "queue name"): string {
+  if (!QUEUE_NAME.test(text)) {
+    throw new UsageError(
+      `${what} must be 1-64 characters of letters, digits, _ . : -, got "${text}"`,
+    );
+  }
+  return text;
+}
+
+const INTEGER = /^\d+$/;
+const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
+
+/** An integer flag within `[min, max]`. */
+export function integerFlag(flag: string, text: string, min: number, max: number): number {
+  const n = INTEGER.test(text) ? Number(text) : NaN;
+  if (!(n >= min && n <= max)) {
+    throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got "${text}"`);
+  }
+  return n;
+}
+
+/**
+ * A duration flag in seconds (decimals allowed) as whole milliseconds within
+ * `[minMs, maxMs]`.
+ */
+export function secondsFlag(flag: string, text: string, minMs: number, maxMs: number): number {
+  const ms = SECONDS.test(text) ? Math.round(Number(text) * 1000) : NaN;
+  if (!(ms >= minMs && ms <= maxMs)) {
+    throw new UsageError(
+      `${flag} must be a number of seconds from ${minMs / 1000} to ${maxMs / 1000} ` +
+        `(decimals allowed), got "${text}"`,
+    );
+  }
+  return ms;
+}
+
+/** The flags every operations subcommand takes besides its own. */
+const SUBCOMMAND_FLAGS = {
+  schema: { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
+/** What {@linkcode parseSubcommand} needs besides the flags. */
+export interface SubcommandSpec {
+  /** Printed for `--help`. */
+  help: string;
+  /** Names of the required positional arguments (exactly these many). */
+  positionals: string[];
+  /** The usage line quoted by positional-argument errors. */
+  usage: string;
+}
+
+/**
+ * Parse an operations subcommand: its own `options` plus `--schema` and `--help`, and
+ * exactly the positional arguments of `spec`. Prints the help and returns null for
+ * `--help`; otherwise the values, the positionals and the validated schema name.
+ */
+export function parseSubcommand<T extends NonNullable<ParseArgsConfig["options"]>>(
+  args: string[],
+  options: T,
+  spec: SubcommandSpec,
+): {
+  values: ReturnType<typeof parseFlags<T & typeof SUBCOMMAND_FLAGS>>["values"];
+  positionals: string[];
+  schema: string;
+} | null {
+  const { values, positionals } = parseFlags(args, { ...options, ...SUBCOMMAND_FLAGS }, true);
+  const common = values as { help?: boolean; schema?: string };
+  if (common.help) {
+    console.log(spec.help);
+    return null;
+  }
+  return {
+    values,
+    positionals: positionalArgs(positionals, spec.positionals, spec.usage),
+    schema: schemaFlag(common.schema),
+  };
+}

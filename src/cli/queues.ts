@@ -1,0 +1,139 @@
+/**
+ * `akadze queues list|pause|resume`.
+ *
+ * @module
+ */
+import { pauseQueue, type QueueSnapshot, queueSnapshot, resumeQueue } from "../admin.ts";
+import type { parseFlags } from "./common.ts";
+import {
+  DATABASE_FOOTER,
+  dispatch,
+  parseSubcommand,
+  type positionalArgs,
+  queueArg,
+  SCHEMA_OPTION,
+  type schemaFlag,
+  withSql,
+} from "./ops.ts";
+import { type Column, printJson, printTable } from "./output.ts";
+
+/** Help text of `akadze queues`. */
+export const QUEUES_HELP = `Usage: akadze queues <command> [options]
+
+Commands:
+  list [--json]        every queue with jobs or a pause: paused flag, counts, lag
+  pause NAME           stop claims from a queue (running jobs finish, enqueue still works)
+  resume NAME          resume claims from a paused queue
+
+Run akadze queues <command> --help for a command's options.`;
+
+const LIST_HELP = `Usage: akadze queues list [--json]
+
+Every queue that has jobs or a pause, by name, with its counts from one consistent
+snapshot. READY counts queued jobs whose run_at has passed; LAG_SECONDS is how long the
+oldest ready job has waited (0 when none).
+
+Options:
+  --json          a JSON array of objects with the keys queue, paused, queued, ready,
+                  running, succeeded, failed, cancelled, lagSeconds
+${SCHEMA_OPTION}
+  -h, --help      show this help
+
+Output: a header line, then one line per queue; columns separated by a tab:
+  QUEUE PAUSED QUEUED READY RUNNING SUCCEEDED FAILED CANCELLED LAG_SECONDS
+
+${DATABASE_FOOTER}`;
+
+const PAUSE_HELP = `Usage: akadze queues pause NAME
+
+Stop claims from the queue NAME: running jobs finish, enqueue still works. Prints
+"paused queue NAME", or "queue NAME was already paused".
+
+Options:
+${SCHEMA_OPTION}
+  -h, --help      show this help
+
+${DATABASE_FOOTER}`;
+
+const RESUME_HELP = `Usage: akadze queues resume NAME
+
+Resume claims from the paused queue NAME and wake its workers. Prints "resumed queue
+NAME", or "queue NAME was not paused".
+
+Options:
+${SCHEMA_OPTION}
+  -h, --help      show this help
+
+${DATABASE_FOOTER}`;
+
+/** Run `akadze queues`; returns the exit code. */
+export function queuesCommand(args: string[]): Promise<number> {
+  return dispatch("queues", args, QUEUES_HELP, {
+    list: listCommand,
+    pause: (rest) => pauseOrResume(rest, "pause"),
+    resume: (rest) => pauseOrResume(rest, "resume"),
+  });
+}
+
+const round = (seconds: number) => Math.round(seconds * 1000) / 1000;
+
+const COLUMNS: Column<QueueSnapshot>[] = [
+  { header: "QUEUE", value: (q) => q.queue },
+  { header: "PAUSED", value: (q) => q.paused },
+  { header: "QUEUED", value: (q) => q.counts.queued },
+  { header: "READY", value: (q) => q.ready },
+  { header: "RUNNING", value: (q) => q.counts.running },
+  { header: "SUCCEEDED", value: (q) => q.counts.succeeded },
+  { header: "FAILED", value: (q) => q.counts.failed },
+  { header: "CANCELLED", value: (q) => q.counts.cancelled },
+  { header: "LAG_SECONDS", value: (q) => round(q.lagSeconds) },
+];
+
+async function listCommand(args: string[]): Promise<number> {
+  const parsed = parseSubcommand(args, {
+    json: { type: "boolean" },
+  }, {
+    help: LIST_HELP,
+    positionals: [],
+    usage: "akadze queues list [--json]",
+  });
+  if (!parsed) return 0;
+  const { values, schema } = parsed;
+  const queues = await withSql((sql) => queueSnapshot(sql, { schema }));
+  if (values.json) {
+    printJson(queues.map((q) => ({
+      queue: q.queue,
+      paused: q.paused,
+      queued: q.counts.queued,
+      ready: q.ready,
+      running: q.counts.running,
+      succeeded: q.counts.succeeded,
+      failed: q.counts.failed,
+      cancelled: q.counts.cancelled,
+      lagSeconds: round(q.lagSeconds),
+    })));
+  } else {
+    printTable(COLUMNS, queues);
+  }
+  return 0;
+}
+
+async function pauseOrResume(args: string[], action: "pause" | "resume"): Promise<number> {
+  const parsed = parseSubcommand(args, {}, {
+    help: action === "pause" ? PAUSE_HELP : RESUME_HELP,
+    positionals: ["NAME"],
+    usage: `akadze queues ${action} NAME`,
+  });
+  if (!parsed) return 0;
+  const { positionals: [raw], schema } = parsed;
+  const queue = queueArg(raw);
+  const changed = await withSql((sql) =>
+    action === "pause" ? pauseQueue(sql, queue, { schema }) : resumeQueue(sql, queue, { schema })
+  );
+  if (action === "pause") {
+    console.log(changed ? `paused queue ${queue}` : `queue ${queue} was already paused`);
+  } else {
+    console.log(changed ? `resumed queue ${queue}` : `queue ${queue} was not paused`);
+  }
+  return 0;
+}
