@@ -12,17 +12,15 @@ import {
   requeue,
 } from "../admin.ts";
 import type { JobState } from "../job.ts";
-import { type parseFlags, UsageError } from "./common.ts";
+import { UsageError } from "./common.ts";
 import {
   DATABASE_FOOTER,
   dispatch,
   integerFlag,
   jobIdArg,
   parseSubcommand,
-  type positionalArgs,
   queueArg,
   SCHEMA_OPTION,
-  type schemaFlag,
   withSql,
 } from "./ops.ts";
 import { type Column, isoTime, printJson, printRecord, printTable } from "./output.ts";

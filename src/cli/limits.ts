@@ -11,15 +11,13 @@ import {
   setLimit,
 } from "../admin.ts";
 import { AkadzeError } from "../errors.ts";
-import { type parseFlags, UsageError } from "./common.ts";
+import { UsageError } from "./common.ts";
 import {
   DATABASE_FOOTER,
   dispatch,
   integerFlag,
   parseSubcommand,
-  type positionalArgs,
   SCHEMA_OPTION,
-  type schemaFlag,
   secondsFlag,
   withSql,
 } from "./ops.ts";

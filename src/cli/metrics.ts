@@ -4,15 +4,7 @@
  * @module
  */
 import { renderMetrics } from "../metrics.ts";
-import type { parseFlags } from "./common.ts";
-import {
-  DATABASE_FOOTER,
-  parseSubcommand,
-  type positionalArgs,
-  SCHEMA_OPTION,
-  type schemaFlag,
-  withSql,
-} from "./ops.ts";
+import { DATABASE_FOOTER, parseSubcommand, SCHEMA_OPTION, withSql } from "./ops.ts";
 
 /** Help text of `akadze metrics`. */
 export const METRICS_HELP = `Usage: akadze metrics

@@ -4,16 +4,7 @@
  * @module
  */
 import { pruneJobs } from "../admin.ts";
-import type { parseFlags } from "./common.ts";
-import {
-  DATABASE_FOOTER,
-  parseSubcommand,
-  type positionalArgs,
-  SCHEMA_OPTION,
-  type schemaFlag,
-  secondsFlag,
-  withSql,
-} from "./ops.ts";
+import { DATABASE_FOOTER, parseSubcommand, SCHEMA_OPTION, secondsFlag, withSql } from "./ops.ts";
 
 const DEFAULT_OLDER_THAN_S = 7 * 86_400;
 const MAX_OLDER_THAN_MS = 100 * 366 * 86_400_000;

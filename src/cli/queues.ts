@@ -4,15 +4,12 @@
  * @module
  */
 import { pauseQueue, type QueueSnapshot, queueSnapshot, resumeQueue } from "../admin.ts";
-import type { parseFlags } from "./common.ts";
 import {
   DATABASE_FOOTER,
   dispatch,
   parseSubcommand,
-  type positionalArgs,
   queueArg,
   SCHEMA_OPTION,
-  type schemaFlag,
   withSql,
 } from "./ops.ts";
 import { type Column, printJson, printTable } from "./output.ts";

@@ -4,16 +4,7 @@
  * @module
  */
 import { listWorkers, type WorkerSummary } from "../admin.ts";
-import type { parseFlags } from "./common.ts";
-import {
-  DATABASE_FOOTER,
-  dispatch,
-  parseSubcommand,
-  type positionalArgs,
-  SCHEMA_OPTION,
-  type schemaFlag,
-  withSql,
-} from "./ops.ts";
+import { DATABASE_FOOTER, dispatch, parseSubcommand, SCHEMA_OPTION, withSql } from "./ops.ts";
 import { type Column, isoTime, msToSeconds, printJson, printTable } from "./output.ts";
 
 /** Help text of `akadze workers`. */
