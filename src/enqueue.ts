@@ -219,9 +219,15 @@ async function insertRows(
   // transaction (or a savepoint in the caller's) so that failure undoes this enqueue only.
   const atomic = hooks.length > 0 || (rows.length > 1 && rows.some((r) => r.unique_key));
   const run = async (tx: Sql | TransactionSql): Promise<string[]> => {
-    const params = [JSON.stringify(rows)];
+    // One row goes as plain parameters (cheaper to plan than unpacking a JSON batch);
+    // only hooks need the whole row back.
+    const one = rows.length === 1;
+    const params: unknown[] = one ? rowParams(rows[0]) : [JSON.stringify(rows)];
     if (host.notify) params.push(jobsChannel(host.schema));
-    const inserted = await tx.unsafe(insertStatement(host), params);
+    const inserted = await tx.unsafe(
+      insertStatement(host, one, hooks.length > 0),
+      params as string[],
+    );
     if (inserted.length < rows.length) {
       const got = new Set(inserted.map((r) => r.unique_key));
       const keys = rows.map((r) => r.unique_key).filter((k) => k !== null && !got.has(k));
@@ -255,17 +261,65 @@ async function insertRows(
   return await (session as Sql).begin((tx) => run(tx)) as string[];
 }
 
+const COLUMNS = [
+  "task text",
+  "queue text",
+  "priority smallint",
+  "args jsonb",
+  "max_attempts int",
+  "run_at timestamptz",
+  "delay_ms float8",
+  "expires_at timestamptz",
+  "unique_key text",
+  "limit_key text",
+] as const;
+
+/** A row as the parameters of the one-row statement, in {@linkcode COLUMNS} order. */
+function rowParams(row: Row): unknown[] {
+  return [
+    row.task,
+    row.queue,
+    row.priority,
+    JSON.stringify(row.args),
+    row.max_attempts,
+    row.run_at,
+    row.delay_ms,
+    row.expires_at,
+    row.unique_key,
+    row.limit_key,
+  ];
+}
+
 const statements = new Map<string, string>();
 
-function insertStatement(host: EnqueueHost): string {
-  const cacheKey = `${host.schema}:${host.notify}`;
+/**
+ * The INSERT of a batch (`one`: plain parameters for a single row, else a JSON array
+ * unpacked by jsonb_to_recordset), returning the whole rows when `full` (for hooks), else
+ * just what enqueue needs.
+ */
+function insertStatement(host: EnqueueHost, one: boolean, full: boolean): string {
+  const cacheKey = `${host.schema}:${host.notify}:${one}:${full}`;
   let text = statements.get(cacheKey);
   if (text) return text;
   const s = quoteSchema(host.schema);
+  const source = one
+    ? `(select ${
+      COLUMNS.map((c, i) => {
+        const [name, type] = c.split(" ");
+        return `$${i + 1}::${type === "jsonb" ? "text::jsonb" : type} as ${name}`;
+      }).join(", ")
+    }) as x`
+    : `jsonb_to_recordset($1::text::jsonb) as x(${COLUMNS.join(", ")})`;
+  const channel = `$${one ? COLUMNS.length + 1 : 2}`;
   const notify = host.notify
     ? `, notified as (
-         select pg_notify($2, string_agg(distinct queue, ',')) from ins having count(*) > 0)`
+         select pg_notify(${channel}, string_agg(distinct queue, ',')) from ins
+         having count(*) > 0)`
     : "";
+  const returning = full
+    ? `id::text as id, task, queue, priority, max_attempts, run_at, expires_at,
+                unique_key, limit_key, args`
+    : "id::text as id, queue, unique_key";
   text = `
     with ins as (
       insert into ${s}.jobs
@@ -273,14 +327,10 @@ function insertStatement(host: EnqueueHost): string {
       select x.task, x.queue, x.priority, x.args, x.max_attempts,
              coalesce(x.run_at, now() + coalesce(x.delay_ms, 0) * interval '1 millisecond'),
              x.expires_at, x.unique_key, x.limit_key
-        from jsonb_to_recordset($1::text::jsonb) as x(
-          task text, queue text, priority smallint, args jsonb, max_attempts int,
-          run_at timestamptz, delay_ms float8, expires_at timestamptz,
-          unique_key text, limit_key text)
+        from ${source}
       on conflict (unique_key) where state in ('queued', 'running') and unique_key is not null
         do nothing
-      returning id::text as id, task, queue, priority, max_attempts, run_at, expires_at,
-                unique_key, limit_key, args)${notify}
+      returning ${returning})${notify}
     select ins.* from ins${host.notify ? " cross join (select count(*) from notified) n" : ""}
      order by ins.id::bigint`;
   statements.set(cacheKey, text);

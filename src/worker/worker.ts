@@ -89,6 +89,8 @@ export class Worker {
   #listener: Listener;
   #services: LoopService[] = [];
   #inflight = new Map<string, Running>();
+  /** Running jobs per queue (kept beside #inflight: counting it per finish is O(slots)). */
+  #busy = new Map<string, number>();
   #pending: PendingOutcome[] = [];
   #releasing = new Set<string>();
   #flushing: Promise<void> | null = null;
@@ -365,11 +367,7 @@ export class Worker {
       total = slots - this.#inflight.size;
       requests = queues.map((queue) => ({ queue, slots: total }));
     } else {
-      const busy = new Map<string, number>();
-      for (const run of this.#inflight.values()) {
-        busy.set(run.queue, (busy.get(run.queue) ?? 0) + 1);
-      }
-      requests = queues.map((queue) => ({ queue, slots: slots - (busy.get(queue) ?? 0) }))
+      requests = queues.map((queue) => ({ queue, slots: slots - (this.#busy.get(queue) ?? 0) }))
         .filter((r) => r.slots > 0);
       total = requests.reduce((sum, r) => sum + r.slots, 0);
     }
@@ -396,10 +394,12 @@ export class Worker {
       if (outcome) await this.#write(outcome);
       const wasFull = this.#isFull(row.queue);
       this.#inflight.delete(row.id);
+      this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
       // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
       if (wasFull || this.config.batch || this.#draining) this.#wakeUp();
     });
     this.#inflight.set(row.id, { execution, queue: row.queue, done });
+    this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
   }
 
   /**
@@ -423,9 +423,7 @@ export class Worker {
 
   #isFull(queue: string): boolean {
     if (this.config.fair) return this.#inflight.size >= this.config.slots;
-    let n = 0;
-    for (const run of this.#inflight.values()) if (run.queue === queue) n++;
-    return n >= this.config.slots;
+    return (this.#busy.get(queue) ?? 0) >= this.config.slots;
   }
 
   #cancel(jobId: string): void {
