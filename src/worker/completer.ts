@@ -118,41 +118,42 @@ export async function retryTransient<T>(
   }
 }
 
+/**
+ * The state an outcome leads to, for job `j` and outcome `o`. A cancel request wins; a
+ * retry with no attempts left fails.
+ */
+const NEXT_STATE = `(case when j.cancel_requested_at is not null then 'cancelled'
+  when o.kind = 'succeeded' then 'succeeded'
+  when o.kind = 'retry' and j.attempt + 1 < j.max_attempts then 'queued'
+  when o.kind in ('retry', 'fail') then 'failed'
+  when o.kind in ('snooze', 'release') then 'queued'
+  else 'cancelled' end)`;
+
 function completeStatement(s: string): string {
+  // One UPDATE ... FROM: the fence is its WHERE, re-checked on the latest row version
+  // when another transaction changed the row meanwhile.
   return `
     with o as (
       select * from jsonb_to_recordset($1::text::jsonb) as o(
         id bigint, run_count int, kind text, result jsonb, error jsonb, delay_ms float8)
-    ),
-    n as (
-      select o.*,
-             case when c.cancel_requested_at is not null then 'cancelled'
-                  when o.kind = 'succeeded' then 'succeeded'
-                  when o.kind = 'retry' and c.attempt + 1 < c.max_attempts then 'queued'
-                  when o.kind in ('retry', 'fail') then 'failed'
-                  when o.kind in ('snooze', 'release') then 'queued'
-                  else 'cancelled' end as next,
-             (c.cancel_requested_at is null and o.kind in ('retry', 'fail'))::int as spent
-        from o join ${s}.jobs c on c.id = o.id
-       where c.run_count = o.run_count and c.state = 'running'
-         for update of c
     )
     update ${s}.jobs j set
-      state = n.next,
-      attempt = j.attempt + n.spent,
-      snoozes = j.snoozes + (n.kind = 'snooze' and n.next = 'queued')::int,
-      run_at = case when n.next = 'queued'
-                    then now() + coalesce(n.delay_ms, 0) * interval '1 millisecond'
+      state = ${NEXT_STATE},
+      attempt = j.attempt + (j.cancel_requested_at is null and o.kind in ('retry', 'fail'))::int,
+      snoozes = j.snoozes + (j.cancel_requested_at is null and o.kind = 'snooze')::int,
+      run_at = case when ${NEXT_STATE} = 'queued'
+                    then now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
                     else j.run_at end,
-      result = case when n.next = 'succeeded' then n.result end,
-      errors = case when n.error is null then j.errors else (
+      result = case when ${NEXT_STATE} = 'succeeded' then o.result end,
+      errors = case when o.error is null then j.errors else (
         select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
           select e, i from jsonb_array_elements(
-              j.errors || jsonb_build_array(n.error || jsonb_build_object('at', now())))
+              j.errors || jsonb_build_array(o.error || jsonb_build_object('at', now())))
             with ordinality as t(e, i)
            order by i desc limit ${ERROR_HISTORY}) last) end,
       worker_id = null,
-      finished_at = case when n.next in ('succeeded', 'failed', 'cancelled') then now() end
-    from n where j.id = n.id
+      finished_at = case when ${NEXT_STATE} in ('succeeded', 'failed', 'cancelled') then now() end
+    from o
+    where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
     returning ${JOB_RETURNING}`;
 }

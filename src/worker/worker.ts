@@ -440,8 +440,20 @@ export class Worker {
   #write(outcome: Outcome): Promise<void> {
     return new Promise((resolve) => {
       this.#pending.push({ outcome, resolve });
-      this.#flushing ??= this.#flush().finally(() => this.#flushing = null);
+      this.#scheduleFlush();
     });
+  }
+
+  #scheduleFlush(): void {
+    if (this.#flushing) return;
+    // Start one macrotask later, so outcomes settling in the same turn share a statement.
+    this.#flushing = new Promise((r) => setTimeout(r, 0))
+      .then(() => this.#flush())
+      .finally(() => {
+        this.#flushing = null;
+        // An outcome queued between the flush's last look and now would wait forever.
+        if (this.#pending.length > 0) this.#scheduleFlush();
+      });
   }
 
   async #flush(): Promise<void> {
