@@ -432,11 +432,12 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
     faultText,
   );
 
-  // 14 and 15. Worker exits. A worker frozen (SIGSTOP) for longer than its TTL has lost
-  // its lease: SPEC §5.10 says it stops with exit 1 when it wakes; that is expected.
-  const frozen = run.workers.filter((w) => leaseLostWhileStopped(run, w));
+  // 14 and 15. Worker exits. A worker frozen (SIGSTOP), or cut off from the database, for
+  // longer than its TTL has lost its lease: SPEC §5.10 says it stops with exit 1.
+  const frozen = run.workers.filter((w) => leaseLost(run, w) === "stop");
+  const cutOff = run.workers.filter((w) => leaseLost(run, w) === "outage");
   const unexpected = run.workers.filter((w) =>
-    (w.exitedAt !== null && w.endedBy === null && !frozen.includes(w)) ||
+    (w.exitedAt !== null && w.endedBy === null && leaseLost(run, w) === null) ||
     w.endedBy === "kill" && w.signal !== "SIGKILL"
   );
   const killed = run.workers.filter((w) => w.endedBy === "kill");
@@ -444,7 +445,8 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
     unexpected.length === 0,
     "no worker exited unexpectedly",
     `${run.workers.length} worker processes: ${killed.length} SIGKILLed by the harness, ` +
-      `${frozen.length} exited 1 on waking from a SIGSTOP longer than the TTL (lease lost), ` +
+      `${frozen.length} exited 1 on waking from a SIGSTOP longer than the TTL and ` +
+      `${cutOff.length} after a database outage longer than the TTL (lease lost, SPEC §5.10), ` +
       `${run.workers.filter((w) => w.endedBy === "final").length} stopped at the end, ` +
       `${unexpected.length} unexpected exits`,
     await Promise.all(
@@ -547,14 +549,22 @@ function explain(
   }
   if (end.error === "WorkerLost") {
     const kill = faultsOf("kill").find((f) => f.at >= claimAt - 1_000 && f.at <= endAt);
+    // Latency runs from the fault, or from the claim when that came later (a claim in
+    // flight when the worker died or froze can commit after it): no rescue precedes it.
     if (kill) {
-      return { reason: "rescued after SIGKILL", ...latency(run, kill.at, endAt) };
+      return {
+        reason: "rescued after SIGKILL",
+        ...latency(run, Math.max(kill.at, claimAt), endAt),
+      };
     }
     const stop = faultsOf("stop").filter((f) => f.at <= endAt).at(-1);
     const cont = stop && faultsOf("cont").find((f) => f.at >= stop.at);
     // (A claim the frozen worker had in flight can complete just after it wakes.)
     if (stop && (!cont || cont.at + 2_000 >= claimAt)) {
-      return { reason: "rescued after SIGSTOP", ...latency(run, stop.at, endAt) };
+      return {
+        reason: "rescued after SIGSTOP",
+        ...latency(run, Math.max(stop.at, claimAt), endAt),
+      };
     }
     if (outage) return { reason: "rescued after a database outage" };
     return { reason: "unexplained" };
@@ -597,20 +607,29 @@ function explain(
 }
 
 /**
- * Whether a worker exited 1 within a few seconds of waking from a SIGSTOP that outlasted
- * its heartbeatTtl (the lease rule of SPEC §5.10, not a crash).
+ * Why a worker that exited 1 had lost its lease (the rule of SPEC §5.10: no heartbeat for
+ * heartbeatTtl → stop, exit 1), or null: it woke from a SIGSTOP that outlasted its TTL,
+ * or the database was unreachable for longer than that. Either way the exit follows
+ * within the few seconds a stopping worker takes to give its jobs back.
  */
-export function leaseLostWhileStopped(
-  run: Pick<RunData, "faults" | "heartbeatTtl">,
+export function leaseLost(
+  run: Pick<RunData, "faults" | "outages" | "heartbeatTtl" | "heartbeatInterval">,
   w: WorkerProcess,
-): boolean {
-  if (w.exitedAt === null || w.endedBy !== null || w.code !== 1) return false;
-  const stops = run.faults.filter((f) => f.kind === "stop" && f.idx === w.idx);
-  return stops.some((stop) => {
+): "stop" | "outage" | null {
+  if (w.exitedAt === null || w.endedBy !== null || w.code !== 1) return null;
+  const exited = w.exitedAt;
+  const stopped = run.faults.some((stop) => {
+    if (stop.kind !== "stop" || stop.idx !== w.idx) return false;
     const cont = run.faults.find((f) => f.kind === "cont" && f.idx === w.idx && f.at >= stop.at);
-    return cont !== undefined && cont.at - stop.at > run.heartbeatTtl &&
-      w.exitedAt! >= cont.at && w.exitedAt! <= cont.at + 10_000;
+    return cont !== undefined && cont.at - stop.at > run.heartbeatTtl && exited >= cont.at &&
+      exited <= cont.at + 10_000;
   });
+  if (stopped) return "stop";
+  const down = run.outages.some((o) =>
+    o.to - o.from > run.heartbeatTtl - run.heartbeatInterval && w.startedAt < o.from &&
+    exited >= o.from + run.heartbeatTtl - run.heartbeatInterval && exited <= o.to + 12_000
+  );
+  return down ? "outage" : null;
 }
 
 function isTx(kind: Kind | undefined): boolean {

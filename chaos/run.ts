@@ -26,7 +26,7 @@ import {
   analyze,
   type DbState,
   type Fault,
-  leaseLostWhileStopped,
+  leaseLost,
   type Outage,
   type RunData,
 } from "./analyze.ts";
@@ -392,11 +392,20 @@ try {
     ],
     logDir,
     onUnexpectedExit(w) {
-      const frozen = leaseLostWhileStopped({ faults, heartbeatTtl: HEARTBEAT_TTL }, w);
+      const lost = leaseLost({
+        faults,
+        outages,
+        heartbeatTtl: HEARTBEAT_TTL,
+        heartbeatInterval: HEARTBEAT_INTERVAL,
+      }, w);
       const fresh = stopping ? undefined : activeFleet.spawn();
       console.log(
         `${rel(Date.now())}  EXIT      w${w.idx} (pid ${w.pid}) code ${w.code} signal ${w.signal}` +
-          (frozen ? " — lease lost while stopped (expected)" : " — UNEXPECTED") +
+          (lost === "stop"
+            ? " — lease lost while stopped (expected)"
+            : lost === "outage"
+            ? " — lease lost while the database was down (expected)"
+            : " — UNEXPECTED") +
           (fresh ? ` → replaced by w${fresh.idx} (pid ${fresh.pid})` : ""),
       );
     },
