@@ -1,6 +1,6 @@
 // Where akadze's drain time goes: Deno or PostgreSQL. Not part of `deno task bench`; run
 //
-//   deno run --allow-all bench/profile.ts [--n 50000] [--reps 5] [--parts A,B,C,D]
+//   deno run --allow-all bench/profile.ts [--n 50000] [--reps 5] [--parts A,B,C,D] [--queued 200000]
 //                                         [--out bench/results/DATE-profile]
 //
 // On one durable throwaway PostgreSQL with pg_stat_statements (and WAL I/O timing) it
@@ -8,7 +8,7 @@
 //     rows per call, planning and execution time, WAL (pg_stat_statements) plus the WAL
 //     syncs (pg_stat_wal) and the CPU time of the worker process and of the server;
 //  B. EXPLAIN ANALYZEs the claim and outcome statements of src/worker (their exact text,
-//     taken from Claimer and Completer) for 1, 50 and 500 jobs with 50,000 queued, with JIT
+//     taken from Claimer and Completer) for 1, 50 and 500 jobs with --queued jobs, with JIT
 //     on and off, next to the alternatives proposed in bench/README.md, also with 1,000,000
 //     succeeded rows retained;
 //  C. records a V8 CPU profile of the worker process during one drain (self time by function);
@@ -32,6 +32,7 @@ const flag = (name: string, fallback: string) => {
 };
 const N = Number(flag("--n", "50000"));
 const REPS = Number(flag("--reps", "5"));
+const QUEUED = Number(flag("--queued", "200000"));
 const DATE = new Date().toISOString().slice(0, 10);
 const OUT = flag("--out", `${ROOT}/bench/results/${DATE}-profile`);
 const PARTS = new Set(flag("--parts", "A,B,C,D").split(","));
@@ -121,6 +122,12 @@ function ctidVariant(text: string): string | null {
   return text;
 }
 const claimCtidText = ctidVariant(claimText);
+// The per-queue LIMIT as a plan-time value (one queue: LIMIT $4, the total). With
+// `least(q.n, $4)` the planner cannot see the number and assumes a tenth of the queue: the
+// estimated cost grows with the queue until it passes jit_above_cost.
+const claimLimitText = claimText.includes("limit least(q.n, $4)")
+  ? claimText.replace("limit least(q.n, $4)", "limit $4")
+  : null;
 // The pause check once per queue (an InitPlan, `p.queue = q.name`) instead of per row
 // (`p.queue = c.queue`, an anti join estimated at one row, which hides the LIMIT from the
 // planner: it costs the scan of every queued row, so JIT compiles it, and with many rows
@@ -338,6 +345,7 @@ async function explainSet(sql: postgres.Sql, label: string, ks: number[]) {
   }[] = [
     { name: "claim (src)", text: claimText, params: claimParams },
     { name: "claim, update by ctid (proposal)", text: claimCtidText, params: claimParams },
+    { name: "claim, LIMIT $4 (proposal, one queue)", text: claimLimitText, params: claimParams },
     { name: "claim, pause check per queue (proposal)", text: claimPauseText, params: claimParams },
     {
       name: "complete (src)",
@@ -404,9 +412,13 @@ if (PARTS.has("B")) {
   const ex = postgres(dbUrl("profile_explain"), { max: 1, onnotice: () => {} });
   await migrate(ex);
   await ex`insert into akadze.jobs (task, args)
-         select 'noop', jsonb_build_object('id', g) from generate_series(1, 50000) g`;
+         select 'noop', jsonb_build_object('id', g) from generate_series(1, ${QUEUED}::int) g`;
   await ex`vacuum (analyze) akadze.jobs`;
-  json.explain_empty = await explainSet(ex, "50,000 queued jobs, nothing retained", [1, 50, 500]);
+  json.explain_empty = await explainSet(
+    ex,
+    `${fmt(QUEUED)} queued jobs, nothing retained`,
+    [1, 50, 500],
+  );
   await ex`
   insert into akadze.jobs (task, queue, state, args, run_count, attempt, run_at, created_at,
                            started_at, finished_at)
@@ -417,7 +429,7 @@ if (PARTS.has("B")) {
   await ex`vacuum (analyze) akadze.jobs`;
   json.explain_retained = await explainSet(
     ex,
-    "50,000 queued jobs and 1,000,000 succeeded rows retained",
+    `${fmt(QUEUED)} queued jobs and 1,000,000 succeeded rows retained`,
     [500],
   );
   await ex.end();

@@ -4,7 +4,7 @@
 //
 //   deno task bench [--rounds 3] [--n 50000] [--only akadze,graphile,pgboss] [--out FILE]
 //                   [--single 1000] [--samples 300] [--retained 1000000] [--idle 30]
-//                   [--timeout 900] [--pg name=value]...
+//                   [--timeout 900] [--entries akadze,graphile,...] [--pg name=value]...
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
 import postgres from "postgres";
 import { migrate } from "../mod.ts";
@@ -42,6 +42,8 @@ interface Flags {
   rounds: number;
   n: number;
   only: Set<System>;
+  /** Entry keys to run (default: all of the systems in `only`). */
+  entries?: Set<string>;
   out?: string;
   single: number;
   samples: number;
@@ -57,7 +59,7 @@ function usage(message: string): never {
   console.error(
     "usage: deno task bench [--smoke] [--rounds R] [--n N] [--only akadze|graphile|pgboss[,...]]\n" +
       "       [--out FILE.json] [--single K] [--samples S] [--retained M] [--idle SECONDS]\n" +
-      "       [--timeout SECONDS] [--pg name=value]...",
+      "       [--timeout SECONDS] [--entries KEY,...] [--pg name=value]...",
   );
   Deno.exit(2);
 }
@@ -132,6 +134,9 @@ function parseFlags(args: string[]): Flags {
         }
         break;
       }
+      case "--entries":
+        flags.entries = new Set(value().split(","));
+        break;
       case "--pg": {
         const v = value();
         const eq = v.indexOf("=");
@@ -230,7 +235,7 @@ function entriesFor(flags: Flags): Entry[] {
       config: { CONC: 4, BATCH: 500 },
     });
   }
-  return entries;
+  return flags.entries ? entries.filter((e) => flags.entries!.has(e.key)) : entries;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -349,6 +354,23 @@ async function fsyncMs(dir: string): Promise<number> {
   return summarize(times).median ?? NaN;
 }
 
+/** The commit the run measured, and which of akadze's source files differ from it. */
+async function gitInfo(): Promise<{ commit: string; modified: string[] }> {
+  const git = async (...args: string[]) => {
+    try {
+      const out = await new Deno.Command("git", { args, cwd: ROOT, stderr: "null" }).output();
+      return out.success ? new TextDecoder().decode(out.stdout).trim() : "";
+    } catch {
+      return "";
+    }
+  };
+  const status = await git("status", "--porcelain", "--", "src", "migrations", "mod.ts");
+  return {
+    commit: await git("rev-parse", "--short", "HEAD") || "unknown",
+    modified: status ? status.split("\n").map((l) => l.slice(3)) : [],
+  };
+}
+
 async function machineInfo(dataDir: string) {
   const cpuinfo = await readText("/proc/cpuinfo");
   const meminfo = await readText("/proc/meminfo");
@@ -359,6 +381,7 @@ async function machineInfo(dataDir: string) {
     ram_gib: Math.round(memKb / 1024 / 1024 * 10) / 10,
     os: `${Deno.build.os} ${Deno.osRelease()}`,
     deno: Deno.version.deno,
+    git: await gitInfo(),
     fsync_8k_ms: Math.round(await fsyncMs(dataDir) * 1000) / 1000,
     loadavg_at_start: (await readText("/proc/loadavg")).split(" ").slice(0, 3).join(" "),
   };
@@ -726,7 +749,10 @@ function markdown(report: Report): string {
   lines.push(
     `Machine: ${m.cores} cores (${m.cpu_model}), ${m.ram_gib} GiB RAM, ${m.os}; ` +
       `8 KiB write+fdatasync ${m.fsync_8k_ms} ms (median); load average at start ${m.loadavg_at_start}. ` +
-      `Deno ${m.deno}` + (report.peers ? `, Node ${report.peers.node}` : "") + ".",
+      `Deno ${m.deno}` + (report.peers ? `, Node ${report.peers.node}` : "") + ". akadze at " +
+      `commit ${m.git.commit}` +
+      (m.git.modified.length ? ` with uncommitted changes in ${m.git.modified.join(", ")}` : "") +
+      ".",
     "",
   );
   const s = report.postgres.settings;
