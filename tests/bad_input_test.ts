@@ -101,6 +101,25 @@ const BAD_IDS: unknown[] = [
 ];
 
 /** Seed rows in every state, so that wrong-state errors have something to refuse. */
+/**
+ * A checker that records into `wrong` every call that was accepted, or refused with
+ * anything but an `AkadzeError` whose message matches.
+ */
+function refusals(
+  wrong: string[],
+): (what: string, fn: () => Promise<unknown>, message: RegExp) => Promise<void> {
+  return async (what, fn, message) => {
+    try {
+      await fn();
+      wrong.push(`${what}: accepted`);
+    } catch (error) {
+      if (!(error instanceof AkadzeError) || !message.test(error.message)) {
+        wrong.push(`${what}: ${error}`);
+      }
+    }
+  };
+}
+
 async function seed(app: Akadze, sql: Sql) {
   const t = app.tasks.get("t")!;
   const [queued, running, succeeded, failed, cancelled] = await t.enqueueMany([
@@ -281,16 +300,7 @@ Deno.test("requeue, requestCancel and getJob: malformed ids, unknown ids and wro
     const ids = await seed(app, sql);
     const before = await digest(sql);
     const wrong: string[] = [];
-    const expect = async (what: string, fn: () => Promise<unknown>, message: RegExp) => {
-      try {
-        await fn();
-        wrong.push(`${what}: accepted`);
-      } catch (error) {
-        if (!(error instanceof AkadzeError) || !message.test(error.message)) {
-          wrong.push(`${what}: ${error}`);
-        }
-      }
-    };
+    const expect = refusals(wrong);
     for (const id of BAD_IDS) {
       const shown = JSON.stringify(id) ?? String(id);
       await expect(`requeue ${shown}`, () => requeue(sql, id as string), /job id must be/);
@@ -331,16 +341,7 @@ Deno.test("pauseQueue, resumeQueue, listJobs and pruneJobs refuse hostile names 
     await seed(app, sql);
     const before = await digest(sql);
     const wrong: string[] = [];
-    const expect = async (what: string, fn: () => Promise<unknown>, message: RegExp) => {
-      try {
-        await fn();
-        wrong.push(`${what}: accepted`);
-      } catch (error) {
-        if (!(error instanceof AkadzeError) || !message.test(error.message)) {
-          wrong.push(`${what}: ${error}`);
-        }
-      }
-    };
+    const expect = refusals(wrong);
     for (const queue of [...HOSTILE, null, 5, undefined]) {
       const shown = JSON.stringify(queue) ?? String(queue);
       await expect(`pause ${shown}`, () => pauseQueue(sql, queue as string), /queue name/);
@@ -395,16 +396,7 @@ Deno.test("setLimit and clearLimit refuse bad keys and bad numbers, writing noth
     await seed(app, sql);
     const before = await digest(sql);
     const wrong: string[] = [];
-    const expect = async (what: string, fn: () => Promise<unknown>, message: RegExp) => {
-      try {
-        await fn();
-        wrong.push(`${what}: accepted`);
-      } catch (error) {
-        if (!(error instanceof AkadzeError) || !message.test(error.message)) {
-          wrong.push(`${what}: ${error}`);
-        }
-      }
-    };
+    const expect = refusals(wrong);
     const badKeys: unknown[] = ["", "k".repeat(501), "k\u0000", "\ud800", null, 5, undefined];
     for (const key of badKeys) {
       const shown = JSON.stringify(key) ?? String(key);
