@@ -126,6 +126,10 @@ export class Claimer {
         cancel,
         excluded,
         this.#config.workerId,
+        // A constant per-queue LIMIT (the largest request) lets the planner see how few
+        // rows it fetches; an expression makes it guess a tenth of the queue, which pushes
+        // the plan past jit_above_cost on big queues (~45 ms of JIT per claim).
+        Math.min(n, Math.max(0, ...slots)),
       ]) as unknown as Promise<Row[]>;
     if (this.#config.hooks.length === 0) {
       return split(await run(this.#sql, total, CANCEL_BATCH, []), 0);
@@ -252,7 +256,7 @@ function claimStatement(s: string): string {
     ),
     candidates as (
       select r.id from (
-        select x.id, q.ord,
+        select x.id, q.ord, q.n,
                row_number() over (partition by q.ord order by x.priority desc, x.run_at, x.id) as rn
           from ${openQueues(s, "$1", "$2")}
           cross join lateral (
@@ -263,9 +267,10 @@ function claimStatement(s: string): string {
                and (c.limit_key is null
                     or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
              order by c.priority desc, c.run_at, c.id
-             limit least(q.n, $4)
+             limit $9
              for update of c skip locked) x
       ) r
+      where r.rn <= r.n
       order by r.rn, (r.ord + $5) % cardinality($1::text[])
       limit $4
     ),
