@@ -70,9 +70,13 @@ export async function waitFor<T>(
   }
 }
 
-function passthroughEnv(): Record<string, string> {
+/**
+ * What a test's child process needs from this environment (never AKADZE_DATABASE_URL:
+ * each test passes its own).
+ */
+export function passthroughEnv(): Record<string, string> {
   const keep: Record<string, string> = {};
-  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR"]) {
+  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR", "AKADZE_TEST_POSTGRES"]) {
     const value = Deno.env.get(name);
     if (value !== undefined) keep[name] = value;
   }

@@ -1,7 +1,7 @@
 // Shared by tests/supervisor_test.ts and tests/health_test.ts: run the CLI as real
 // processes (a supervisor and its worker processes), read their JSON log lines as they
 // come, and make sure none is left behind.
-import { waitFor } from "./_helpers.ts";
+import { passthroughEnv, waitFor } from "./_helpers.ts";
 
 /** How long to wait for something that needs processes to start (generous: CI is loaded). */
 export const SLOW = 60_000;
@@ -49,14 +49,39 @@ export interface CliProcess {
 
 const running = new Set<CliProcess>();
 
-/** Spawn `deno run PERMISSIONS cli.ts ARGS` (or other deno args) with a clean environment. */
+/** Options of {@linkcode spawnCli} and {@linkcode spawnDeno}. */
+export interface SpawnOptions {
+  /** Permission flags (spawnCli: default WORKER_PERMISSIONS). */
+  permissions?: string[];
+  /** Working directory. Default the repository root. */
+  cwd?: string;
+  /** Its own process group. */
+  detached?: boolean;
+}
+
+/** Spawn `deno run PERMISSIONS cli.ts ARGS` with a clean environment. */
 export function spawnCli(
   args: string[],
   env: Record<string, string>,
-  options: { permissions?: string[]; cwd?: string; detached?: boolean } = {},
+  options: SpawnOptions = {},
+): CliProcess {
+  return spawnDeno(["run", CLI, ...args], env, {
+    ...options,
+    permissions: options.permissions ?? WORKER_PERMISSIONS,
+  });
+}
+
+/**
+ * Spawn `deno SUBCOMMAND PERMISSIONS REST` (e.g. `["task", "demo"]`) with a clean
+ * environment, collecting its output as it comes.
+ */
+export function spawnDeno(
+  args: string[],
+  env: Record<string, string>,
+  options: SpawnOptions = {},
 ): CliProcess {
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", ...(options.permissions ?? WORKER_PERMISSIONS), CLI, ...args],
+    args: [...args.slice(0, 1), ...(options.permissions ?? []), ...args.slice(1)],
     cwd: options.cwd ?? ROOT,
     env: { NO_COLOR: "1", ...passthroughEnv(), ...env },
     clearEnv: true,
@@ -177,15 +202,6 @@ export async function withDir(
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
-}
-
-function passthroughEnv(): Record<string, string> {
-  const keep: Record<string, string> = {};
-  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR"]) {
-    const value = Deno.env.get(name);
-    if (value !== undefined) keep[name] = value;
-  }
-  return keep;
 }
 
 /** The test app: `hello`, `sleepy` (until aborted), `sleep_first` (long only on its first run). */

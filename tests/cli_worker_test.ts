@@ -3,12 +3,9 @@
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import type { Sql } from "../src/db.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
+import { CLI, MOD, spawnCli, spawnDeno as spawn, WORKER_PERMISSIONS } from "./_processes.ts";
 
-const ROOT = new URL("..", import.meta.url).pathname;
-const CLI = new URL("../cli.ts", import.meta.url).pathname;
-const MOD = new URL("../mod.ts", import.meta.url).href;
-// What a worker needs (SPEC §8), so the tests prove these permissions suffice.
-const WORKER_PERMISSIONS = ["--allow-net", "--allow-env", "--allow-sys=hostname", "--allow-read"];
+// Workers run with WORKER_PERMISSIONS (SPEC §8), so the tests prove those suffice.
 const ONE_LINE_ERROR = /^error: [^\n]+\n$/;
 
 const APP_MODULE = `
@@ -34,64 +31,6 @@ app.task("sleepy", (_args, ctx) => new Promise((resolve) => {
 
 if (Deno.env.get("ENQUEUE_ON_LOAD")) await hello.enqueue({ name: "dev" });
 `;
-
-/** A running CLI process whose output is collected as it comes. */
-interface CliProcess {
-  child: Deno.ChildProcess;
-  stderr(): string;
-  /** Wait for the exit; resolves once the output is complete too. */
-  done(): Promise<{ code: number; stdout: string; stderr: string }>;
-}
-
-function spawn(
-  args: string[],
-  env: Record<string, string>,
-  options: { permissions?: string[]; cwd?: string } = {},
-): CliProcess {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: [...args.slice(0, 1), ...(options.permissions ?? []), ...args.slice(1)],
-    cwd: options.cwd ?? ROOT,
-    env: { NO_COLOR: "1", ...passthroughEnv(), ...env },
-    clearEnv: true,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  let stdout = "", stderr = "";
-  const read = async (stream: ReadableStream<Uint8Array>, add: (text: string) => void) => {
-    for await (const text of stream.pipeThrough(new TextDecoderStream())) add(text);
-  };
-  const reading = Promise.all([
-    read(child.stdout, (t) => stdout += t),
-    read(child.stderr, (t) => stderr += t),
-  ]);
-  return {
-    child,
-    stderr: () => stderr,
-    done: async () => {
-      const { code } = await child.status;
-      await reading;
-      return { code, stdout, stderr };
-    },
-  };
-}
-
-function spawnCli(
-  args: string[],
-  env: Record<string, string>,
-  permissions: string[] = WORKER_PERMISSIONS,
-): CliProcess {
-  return spawn(["run", CLI, ...args], env, { permissions });
-}
-
-function passthroughEnv(): Record<string, string> {
-  const keep: Record<string, string> = {};
-  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR", "AKADZE_TEST_POSTGRES"]) {
-    const value = Deno.env.get(name);
-    if (value !== undefined) keep[name] = value;
-  }
-  return keep;
-}
 
 /** Run `fn` with the test app module written to a fresh directory. */
 async function withAppModule(fn: (path: string, dir: string) => Promise<void>): Promise<void> {
@@ -287,7 +226,7 @@ Deno.test("akadze dev --batch runs a job without AKADZE_DATABASE_URL and leaves 
     const out = await spawnCli(
       ["dev", path, "--batch", "--poll-interval", "0.1"],
       { ENQUEUE_ON_LOAD: "1", MARKER: marker },
-      ["--allow-all"],
+      { permissions: ["--allow-all"] },
     ).done();
     assertEquals(out.code, 0, out.stderr);
     assertEquals(await Deno.readTextFile(marker), "dev");

@@ -2,7 +2,7 @@
 // transaction and the welcome job succeeds, with a separate `akadze worker` process
 // (against a test database) and with the embedded default (no database given).
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { waitFor, withDatabase } from "./_helpers.ts";
+import { passthroughEnv, waitFor, withDatabase } from "./_helpers.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
 const SERVICE = `${ROOT}examples/http_service.ts`;
@@ -45,16 +45,6 @@ function start(args: string[], env: Record<string, string>): Process {
       return code;
     },
   };
-}
-
-/** What a child needs from this environment (never AKADZE_DATABASE_URL). */
-function passthroughEnv(): Record<string, string> {
-  const keep: Record<string, string> = {};
-  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR", "AKADZE_TEST_POSTGRES"]) {
-    const value = Deno.env.get(name);
-    if (value !== undefined) keep[name] = value;
-  }
-  return keep;
 }
 
 function freePort(): number {
