@@ -5,8 +5,15 @@
  *
  * @module
  */
-import { cancelChannel, jobsChannel, quoteSchema, type Sql, type TransactionSql } from "./db.ts";
-import { QUEUE_NAME } from "./enqueue.ts";
+import {
+  atomically,
+  cancelChannel,
+  jobsChannel,
+  quoteSchema,
+  type Sql,
+  type TransactionSql,
+} from "./db.ts";
+import { checkQueueName } from "./enqueue.ts";
 import { AkadzeError, DuplicateJob } from "./errors.ts";
 import type { JobState } from "./job.ts";
 import { jsonProblem } from "./json.ts";
@@ -94,7 +101,7 @@ export async function requeue(
            (select count(*) from moved)::int as moved`;
   let row: { state: string | null; moved: number };
   try {
-    row = await inSavepoint(session, async (tx) => {
+    row = await atomically(session, async (tx) => {
       const [r] = await tx.unsafe(statement, [id, jobsChannel(schema)]);
       return r as unknown as { state: string | null; moved: number };
     });
@@ -128,7 +135,7 @@ export async function pauseQueue(
   const s = quoteSchema(options.schema ?? "akadze");
   const rows = await session.unsafe(
     `insert into ${s}.queue_pauses (queue) values ($1) on conflict do nothing returning queue`,
-    [checkQueue(queue)],
+    [checkQueueName(queue)],
   );
   return rows.length > 0;
 }
@@ -153,7 +160,7 @@ export async function resumeQueue(
   const rows = await session.unsafe(
     `with resumed as (delete from ${s}.queue_pauses where queue = $1 returning queue)
      select queue, pg_notify($2, queue) from resumed`,
-    [checkQueue(queue), jobsChannel(schema)],
+    [checkQueueName(queue), jobsChannel(schema)],
   );
   return rows.length > 0;
 }
@@ -209,7 +216,7 @@ export async function setLimit(
     );
   }
   const keep = (value: unknown) => value === undefined;
-  const [row] = await inSavepoint(session, (tx) =>
+  const [row] = await atomically(session, (tx) =>
     tx.unsafe(
       `insert into ${s}.limits as l (key, max_running, max_starts, "window")
        values ($1, $2::int, $4::int, $6::float8 * interval '1 millisecond')
@@ -406,7 +413,7 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
   if (options.state !== undefined && !STATES.includes(options.state)) {
     throw new AkadzeError(`state must be one of ${STATES.join(", ")}, got ${options.state}`);
   }
-  if (options.queue !== undefined) checkQueue(options.queue);
+  if (options.queue !== undefined) checkQueueName(options.queue);
   const rows = await sql.unsafe(
     `select ${SUMMARY_COLUMNS} from ${s}.jobs
       where ($1::text is null or queue = $1) and ($2::text is null or state = $2)
@@ -610,15 +617,6 @@ export function normalizeId(jobId: string | number | bigint): string {
   return id;
 }
 
-function checkQueue(queue: string): string {
-  if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
-    throw new AkadzeError(
-      `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
-    );
-  }
-  return queue;
-}
-
 function checkKey(key: string): void {
   if (typeof key !== "string" || key.length === 0 || key.length > KEY_MAX) {
     throw new AkadzeError(`limit key must be a non-empty string of at most ${KEY_MAX} characters`);
@@ -631,15 +629,6 @@ function checkKey(key: string): void {
 function target(db: Database, options: AdminOptions): [Sql, string] {
   if (typeof db === "function") return [db, quoteSchema(options.schema ?? "akadze")];
   return [db.sql, quoteSchema(options.schema ?? db.schema)];
-}
-
-/** Run `fn` so that its failure leaves the caller's transaction usable. */
-async function inSavepoint<T>(session: Session, fn: (tx: Session) => Promise<T>): Promise<T> {
-  const savepoint = (session as TransactionSql).savepoint;
-  if (typeof savepoint === "function") {
-    return await (session as TransactionSql).savepoint((sp) => fn(sp)) as T;
-  }
-  return await fn(session);
 }
 
 function toSummary(r: Record<string, unknown>): JobSummary {

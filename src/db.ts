@@ -116,6 +116,20 @@ export function quoteSchema(schema: string): string {
 }
 
 /**
+ * Run `fn` so that its failure undoes its own writes only and leaves the caller's
+ * transaction usable: in a savepoint when `session` is a transaction, else in a
+ * transaction of its own.
+ */
+export async function atomically<T>(
+  session: Sql | TransactionSql,
+  fn: (tx: TransactionSql) => Promise<T>,
+): Promise<T> {
+  const tx = session as TransactionSql;
+  if (typeof tx.savepoint === "function") return await tx.savepoint(fn) as T;
+  return await (session as Sql).begin(fn) as T;
+}
+
+/**
  * The NOTIFY channel on which enqueues announce new jobs (payload: the queue names,
  * comma-separated).
  */

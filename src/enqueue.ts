@@ -4,8 +4,8 @@
  *
  * @module
  */
-import { jobsChannel, quoteSchema, type Sql, type TransactionSql } from "./db.ts";
-import { DuplicateJob, EnqueueError } from "./errors.ts";
+import { atomically, jobsChannel, quoteSchema, type Sql, type TransactionSql } from "./db.ts";
+import { AkadzeError, DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
 import { formatIssues, type StandardSchemaV1 } from "./standard_schema.ts";
@@ -72,6 +72,22 @@ export interface EnqueueTarget {
 
 /** The queue-name rule (also a CHECK constraint on jobs.queue). */
 export const QUEUE_NAME = /^[A-Za-z0-9_.:-]{1,64}$/;
+/**
+ * Throw `error` (an `AkadzeError` by default) unless `queue` is a valid queue name;
+ * returns it.
+ */
+export function checkQueueName(
+  queue: unknown,
+  error: new (message: string) => Error = AkadzeError,
+): string {
+  if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
+    throw new error(
+      `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
+    );
+  }
+  return queue;
+}
+
 /** The smallint range of priorities. */
 export const PRIORITY_MIN = -32768;
 /** The smallint range of priorities. */
@@ -109,13 +125,7 @@ export async function enqueueJobs(
     const args = await checkArgs(target, argsList[i], argsList.length > 1 ? i : undefined);
     rows.push({ ...base, args });
   }
-  if (typeof base.queue !== "string" || !QUEUE_NAME.test(base.queue)) {
-    throw new EnqueueError(
-      `queue name ${
-        JSON.stringify(base.queue)
-      } must be 1-64 characters of letters, digits, _ . : -`,
-    );
-  }
+  checkQueueName(base.queue, EnqueueError);
   if (rows.length === 0) return [];
   return await insertRows(host, rows, options.session);
 }
@@ -253,12 +263,7 @@ async function insertRows(
     }
     return inserted.map((r) => r.id as string);
   };
-  if (!atomic) return await run(session);
-  const savepoint = (session as TransactionSql).savepoint;
-  if (typeof savepoint === "function") {
-    return await (session as TransactionSql).savepoint((sp) => run(sp)) as string[];
-  }
-  return await (session as Sql).begin((tx) => run(tx)) as string[];
+  return atomic ? await atomically(session, run) : await run(session);
 }
 
 const COLUMNS = [

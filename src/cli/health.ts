@@ -14,7 +14,7 @@ import {
   type Sql,
   urlPassword,
 } from "../db.ts";
-import { QUEUE_NAME } from "../enqueue.ts";
+import { checkQueueName } from "../enqueue.ts";
 import { AkadzeError } from "../errors.ts";
 import { pendingVersions } from "../migrate.ts";
 import { databaseUrl, parseFlags, UsageError } from "./common.ts";
@@ -223,13 +223,7 @@ export async function healthCommand(args: string[]): Promise<number> {
       if (values[flag] !== undefined) throw new UsageError(`--${flag} goes with --heartbeat-file`);
     }
     const queues = values.queue?.flatMap((q) => q.split(",")).map((q) => q.trim());
-    for (const queue of queues ?? []) {
-      if (!QUEUE_NAME.test(queue)) {
-        throw new UsageError(
-          `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
-        );
-      }
-    }
+    for (const queue of queues ?? []) checkQueueName(queue, UsageError);
     const options: DatabaseHealthOptions = {
       schema: values.schema,
       queues,

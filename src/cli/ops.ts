@@ -6,6 +6,7 @@
  * @module
  */
 import { connect, quoteSchema, type Sql } from "../db.ts";
+import { normalizeId } from "../admin.ts";
 import { QUEUE_NAME } from "../enqueue.ts";
 import type { ParseArgsConfig } from "node:util";
 import { databaseUrl, parseFlags, UsageError } from "./common.ts";
@@ -101,14 +102,13 @@ export function positionalArgs(positionals: string[], names: string[], usage: st
   return positionals;
 }
 
-const JOB_ID = /^[1-9]\d{0,18}$/;
-
-/** A job id: a positive decimal integer that fits a bigint. */
+/** A job id: a positive decimal integer that fits a bigint (a usage error otherwise). */
 export function jobIdArg(text: string): string {
-  if (!JOB_ID.test(text) || BigInt(text) > 9223372036854775807n) {
-    throw new UsageError(`job id must be a positive decimal integer, got "${text}"`);
+  try {
+    return normalizeId(text);
+  } catch (error) {
+    throw new UsageError((error as Error).message);
   }
-  return text;
 }
 
 /** A queue name: 1-64 characters of letters, digits, `_ . : -`. */

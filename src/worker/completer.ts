@@ -47,6 +47,18 @@ export interface CompleteResult {
 /** How many error entries a job keeps. */
 export const ERROR_HISTORY = 10;
 
+/**
+ * SQL: job `j`'s errors with `entry` (a jsonb object expression) appended, stamped with
+ * the database clock, keeping the last {@linkcode ERROR_HISTORY}.
+ */
+export function appendError(entry: string): string {
+  return `(select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
+      select e, i from jsonb_array_elements(
+          j.errors || jsonb_build_array(${entry} || jsonb_build_object('at', now())))
+        with ordinality as t(e, i)
+       order by i desc limit ${ERROR_HISTORY}) last)`;
+}
+
 /** Writes outcomes for one app. */
 export class Completer {
   #sql: Sql;
@@ -145,12 +157,7 @@ function completeStatement(s: string): string {
                     then now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
                     else j.run_at end,
       result = case when ${NEXT_STATE} = 'succeeded' then o.result end,
-      errors = case when o.error is null then j.errors else (
-        select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
-          select e, i from jsonb_array_elements(
-              j.errors || jsonb_build_array(o.error || jsonb_build_object('at', now())))
-            with ordinality as t(e, i)
-           order by i desc limit ${ERROR_HISTORY}) last) end,
+      errors = case when o.error is null then j.errors else ${appendError("o.error")} end,
       worker_id = null,
       finished_at = case when ${NEXT_STATE} in ('succeeded', 'failed', 'cancelled') then now() end
     from o

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { QUEUE_NAME } from "../enqueue.ts";
+import { checkQueueName } from "../enqueue.ts";
 import { AkadzeError } from "../errors.ts";
 import { isPlainObject } from "../json.ts";
 
@@ -81,13 +81,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   if (!Array.isArray(queues) || queues.length === 0) {
     throw new AkadzeError("queues must be a non-empty array of queue names");
   }
-  for (const queue of queues) {
-    if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
-      throw new AkadzeError(
-        `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
-      );
-    }
-  }
+  for (const queue of queues) checkQueueName(queue);
   if (new Set(queues).size !== queues.length) throw new AkadzeError("queues has duplicates");
   const slots = integer("slots", options.slots ?? WORKER_DEFAULTS.slots, 1, 10_000);
   const ms = (name: keyof typeof WORKER_DEFAULTS & keyof WorkerOptions) => {

@@ -7,7 +7,7 @@
  */
 import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
-import { ERROR_HISTORY } from "./completer.ts";
+import { appendError } from "./completer.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 
 /** What one rescue pass did. */
@@ -53,14 +53,10 @@ export class Rescuer {
         run_at = now(),
         finished_at = case when j.attempt + 1 < j.max_attempts then null else now() end,
         worker_id = null,
-        errors = (
-          select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
-            select e, i from jsonb_array_elements(j.errors || jsonb_build_array(jsonb_build_object(
-                'error', 'WorkerLost',
-                'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run',
-                'at', now())))
-              with ordinality as t(e, i)
-             order by i desc limit ${ERROR_HISTORY}) last)
+        errors = ${
+      appendError(`jsonb_build_object('error', 'WorkerLost',
+          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run')`)
+    }
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}`;
     this.#removeStale = `
