@@ -588,18 +588,16 @@ export class Worker {
       }
       await this.#touchHeartbeatFile();
       const beat = await this.#beatIfDue();
-      if (beat) return await this.#abandonRuns();
+      if (beat) break;
       await this.#sleep(Math.min(deadline - performance.now(), this.#nextBeat - performance.now()));
     }
-    const remaining = [...this.#inflight.values()];
-    for (const run of remaining) run.execution.interrupt("shutdown");
-    const released = Promise.all(remaining.map((r) => r.done));
-    const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
-    await this.#untilReleased(released);
-    clearTimeout(timer);
+    await this.#abandonRuns();
   }
 
-  /** After a fatal error or a lost lease: release what we can, briefly, leave the rest to the lease. */
+  /**
+   * Put back what still runs (shutdown, fatal error, lost lease) without spending attempts,
+   * waiting at most RELEASE_TIMEOUT; what cannot be written is left to the lease.
+   */
   async #abandonRuns(): Promise<void> {
     const remaining = [...this.#inflight.values()];
     for (const run of remaining) run.execution.interrupt("shutdown");
