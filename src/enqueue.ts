@@ -96,11 +96,11 @@ export const PRIORITY_MAX = 32767;
 export const MAX_ATTEMPTS_MAX = 2147483647;
 const KEY_MAX_LENGTH = 500;
 
-interface Row {
+/** What every job of one enqueue call shares (all but the arguments). */
+interface Base {
   task: string;
   queue: string;
   priority: number;
-  args: Record<string, unknown>;
   max_attempts: number;
   run_at: string | null;
   delay_ms: number | null;
@@ -120,17 +120,18 @@ export async function enqueueJobs(
   options: EnqueueOptions = {},
 ): Promise<string[]> {
   const base = checkOptions(target, options);
-  const rows: Row[] = [];
+  const many = argsList.length > 1;
+  const checked: Record<string, unknown>[] = [];
   for (let i = 0; i < argsList.length; i++) {
-    const args = await checkArgs(target, argsList[i], argsList.length > 1 ? i : undefined);
-    rows.push({ ...base, args });
+    const args = checkArgs(target, argsList[i], many ? i : undefined);
+    checked.push(args instanceof Promise ? await args : args);
   }
   checkQueueName(base.queue, EnqueueError);
-  if (rows.length === 0) return [];
-  return await insertRows(host, rows, options.session);
+  if (checked.length === 0) return [];
+  return await insertRows(host, base, checked, options.session);
 }
 
-function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Omit<Row, "args"> {
+function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   if (!isPlainObject(options)) throw new EnqueueError("enqueue options must be an object");
   for (const key of Object.keys(options)) {
     if (!OPTION_NAMES.has(key)) {
@@ -195,68 +196,89 @@ function checkKey(name: string, value: unknown): string | null {
 
 /**
  * Validate one job's arguments: against the task's schema when it has one (storing the
- * schema's output), and as a JSON object that jsonb can carry faithfully.
+ * schema's output), and as a JSON object that jsonb can carry faithfully. Synchronous
+ * without a schema, so a batch costs no promise per element.
  */
-export async function checkArgs(
+function checkArgs(
   target: EnqueueTarget,
   args: unknown,
   index?: number,
-): Promise<Record<string, unknown>> {
-  const which = `task "${target.name}"${index === undefined ? "" : ` (element ${index})`}`;
-  let value = args;
-  if (target.args) {
-    const result = await target.args["~standard"].validate(args);
+): Record<string, unknown> | Promise<Record<string, unknown>> {
+  if (!target.args) return checkStorable(target, args, index);
+  return Promise.resolve(target.args["~standard"].validate(args)).then((result) => {
     if (result.issues) {
-      throw new EnqueueError(`invalid arguments for ${which}: ${formatIssues(result.issues)}`);
+      throw new EnqueueError(
+        `invalid arguments for ${which(target, index)}: ${formatIssues(result.issues)}`,
+      );
     }
-    value = result.value;
-  }
+    return checkStorable(target, result.value, index);
+  });
+}
+
+function checkStorable(
+  target: EnqueueTarget,
+  value: unknown,
+  index: number | undefined,
+): Record<string, unknown> {
   if (!isPlainObject(value)) {
-    throw new EnqueueError(`arguments for ${which} must be a JSON object`);
+    throw new EnqueueError(`arguments for ${which(target, index)} must be a JSON object`);
   }
   const problem = jsonProblem(value, "args");
-  if (problem) throw new EnqueueError(`arguments for ${which} cannot be stored: ${problem}`);
+  if (problem) {
+    throw new EnqueueError(`arguments for ${which(target, index)} cannot be stored: ${problem}`);
+  }
   return value as Record<string, unknown>;
+}
+
+function which(target: EnqueueTarget, index: number | undefined): string {
+  return `task "${target.name}"${index === undefined ? "" : ` (element ${index})`}`;
 }
 
 async function insertRows(
   host: EnqueueHost,
-  rows: Row[],
+  base: Base,
+  argsList: Record<string, unknown>[],
   session: Sql | TransactionSql = host.sql,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
+  const one = argsList.length === 1;
+  const unique = base.unique_key !== null;
   // One statement is atomic on its own; a hook or a batch that may partly collide needs a
   // transaction (or a savepoint in the caller's) so that failure undoes this enqueue only.
-  const atomic = hooks.length > 0 || (rows.length > 1 && rows.some((r) => r.unique_key));
+  const atomic = hooks.length > 0 || (!one && unique);
   const run = async (tx: Sql | TransactionSql): Promise<string[]> => {
-    // One row goes as plain parameters (cheaper to plan than unpacking a JSON batch);
-    // only hooks need the whole row back.
-    const one = rows.length === 1;
-    const params: unknown[] = one ? rowParams(rows[0]) : [JSON.stringify(rows)];
+    const params = [
+      base.task,
+      base.queue,
+      base.priority,
+      JSON.stringify(one ? argsList[0] : argsList),
+      base.max_attempts,
+      base.run_at,
+      base.delay_ms,
+      base.expires_at,
+      base.unique_key,
+      base.limit_key,
+    ];
     if (host.notify) params.push(jobsChannel(host.schema));
-    const inserted = await tx.unsafe(
-      insertStatement(host, one, hooks.length > 0),
-      params as string[],
-    );
-    if (inserted.length < rows.length) {
-      const got = new Set(inserted.map((r) => r.unique_key));
-      const keys = rows.map((r) => r.unique_key).filter((k) => k !== null && !got.has(k));
+    const text = insertStatement(host, { one, unique, full: hooks.length > 0 });
+    const inserted = await tx.unsafe(text, params as string[]);
+    if (inserted.length < argsList.length) {
       throw new DuplicateJob(
-        `a job with uniqueKey ${JSON.stringify(keys[0])} is already queued or running` +
-          (rows.length > 1 ? "; nothing of this batch was enqueued" : ""),
+        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running` +
+          (one ? "" : "; nothing of this batch was enqueued"),
       );
     }
     for (const row of inserted) {
       const job: EnqueuedJob = {
         id: row.id,
-        task: row.task,
-        queue: row.queue,
-        priority: row.priority,
-        maxAttempts: row.max_attempts,
+        task: base.task,
+        queue: base.queue,
+        priority: base.priority,
+        maxAttempts: base.max_attempts,
         runAt: row.run_at,
         expiresAt: row.expires_at,
-        uniqueKey: row.unique_key,
-        limitKey: row.limit_key,
+        uniqueKey: base.unique_key,
+        limitKey: base.limit_key,
         args: row.args,
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);
@@ -266,78 +288,48 @@ async function insertRows(
   return atomic ? await atomically(session, run) : await run(session);
 }
 
-const COLUMNS = [
-  "task text",
-  "queue text",
-  "priority smallint",
-  "args jsonb",
-  "max_attempts int",
-  "run_at timestamptz",
-  "delay_ms float8",
-  "expires_at timestamptz",
-  "unique_key text",
-  "limit_key text",
-] as const;
-
-/** A row as the parameters of the one-row statement, in {@linkcode COLUMNS} order. */
-function rowParams(row: Row): unknown[] {
-  return [
-    row.task,
-    row.queue,
-    row.priority,
-    JSON.stringify(row.args),
-    row.max_attempts,
-    row.run_at,
-    row.delay_ms,
-    row.expires_at,
-    row.unique_key,
-    row.limit_key,
-  ];
-}
-
 const statements = new Map<string, string>();
 
 /**
- * The INSERT of a batch (`one`: plain parameters for a single row, else a JSON array
- * unpacked by jsonb_to_recordset), returning the whole rows when `full` (for hooks), else
- * just what enqueue needs.
+ * The INSERT of one call's jobs. Every job shares all columns but its arguments, so those
+ * go once as parameters and the arguments as one JSON text (`one`: an object, else an
+ * array unpacked in order). `ON CONFLICT` only when a uniqueKey is set (it costs a
+ * speculative insertion per row otherwise); the whole rows come back only for hooks
+ * (`full`). One NOTIFY per statement, as an init plan, and only when a row was inserted.
  */
-function insertStatement(host: EnqueueHost, one: boolean, full: boolean): string {
-  const cacheKey = `${host.schema}:${host.notify}:${one}:${full}`;
+function insertStatement(
+  host: EnqueueHost,
+  shape: { one: boolean; unique: boolean; full: boolean },
+): string {
+  const cacheKey = `${host.schema}:${host.notify}:${shape.one}:${shape.unique}:${shape.full}`;
   let text = statements.get(cacheKey);
   if (text) return text;
   const s = quoteSchema(host.schema);
-  const source = one
-    ? `(select ${
-      COLUMNS.map((c, i) => {
-        const [name, type] = c.split(" ");
-        return `$${i + 1}::${type === "jsonb" ? "text::jsonb" : type} as ${name}`;
-      }).join(", ")
-    }) as x`
-    : `jsonb_to_recordset($1::text::jsonb) as x(${COLUMNS.join(", ")})`;
-  const channel = `$${one ? COLUMNS.length + 1 : 2}`;
-  const notify = host.notify
-    ? `, notified as (
-         select pg_notify(${channel}, string_agg(distinct queue, ',')) from ins
-         having count(*) > 0)`
+  // One row: VALUES (the cheapest to plan); a batch: the arguments unpacked in order.
+  const source = shape.one
+    ? "(values ($4::text::jsonb, 1)) as x(args, i)"
+    : "jsonb_array_elements($4::text::jsonb) with ordinality as x(args, i)";
+  const conflict = shape.unique
+    ? `on conflict (unique_key) where state in ('queued', 'running') and unique_key is not null
+        do nothing`
     : "";
-  const returning = full
-    ? `id::text as id, task, queue, priority, max_attempts, run_at, expires_at,
-                unique_key, limit_key, args`
-    : "id::text as id, queue, unique_key";
+  const returning = shape.full ? "id, run_at, expires_at, args" : "id";
+  const columns = shape.full
+    ? "ins.id::text as id, ins.run_at, ins.expires_at, ins.args"
+    : "ins.id::text as id";
+  // An init plan runs once, and not at all when nothing was inserted.
+  const notify = host.notify ? ", (select pg_notify($11, $2::text)) as notified" : "";
   text = `
     with ins as (
       insert into ${s}.jobs
         (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key)
-      select x.task, x.queue, x.priority, x.args, x.max_attempts,
-             coalesce(x.run_at, now() + coalesce(x.delay_ms, 0) * interval '1 millisecond'),
-             x.expires_at, x.unique_key, x.limit_key
-        from ${source}
-      on conflict (unique_key) where state in ('queued', 'running') and unique_key is not null
-        do nothing
-      returning ${returning})${notify}
-    select ins.* from ins${host.notify ? " cross join (select count(*) from notified) n" : ""}
-     order by ins.id::bigint`;
+      select $1::text, $2::text, $3::smallint, x.args, $5::int,
+             coalesce($6::timestamptz, now() + coalesce($7::float8, 0) * interval '1 millisecond'),
+             $8::timestamptz, $9::text, $10::text
+        from ${source}${shape.one ? "" : " order by x.i"}
+      ${conflict}
+      returning ${returning})
+    select ${columns}${notify} from ins${shape.one ? "" : " order by ins.id"}`;
   statements.set(cacheKey, text);
   return text;
 }

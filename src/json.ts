@@ -14,65 +14,82 @@ const MAX_DEPTH = 200;
  * containing NUL or a lone surrogate.
  */
 export function jsonProblem(value: unknown, root = "value"): string | null {
+  // Paths are built only for the value that has a problem: the walk itself allocates
+  // nothing per value (it runs on every enqueued argument and every result).
   const ancestors: object[] = [];
-  const visit = (v: unknown, path: string, depth: number): string | null => {
+  const steps: string[] = [];
+  const visit = (v: unknown, depth: number): Problem | null => {
     switch (typeof v) {
       case "string":
-        return stringProblem(v, path);
+        return stringProblem(v);
       case "boolean":
         return null;
       case "number":
-        return Number.isFinite(v) ? null : `${path} is ${v}, which JSON cannot carry`;
+        return Number.isFinite(v) ? null : (path) => `${path} is ${v}, which JSON cannot carry`;
       case "undefined":
-        return `${path} is undefined (use null or leave the key out)`;
+        return (path) => `${path} is undefined (use null or leave the key out)`;
       case "bigint":
-        return `${path} is a BigInt (convert it to a string or number)`;
+        return (path) => `${path} is a BigInt (convert it to a string or number)`;
       case "function":
       case "symbol":
-        return `${path} is a ${typeof v}`;
+        return (path) => `${path} is a ${typeof v}`;
     }
     if (v === null) return null;
-    if (depth > MAX_DEPTH) return `${path} is nested more than ${MAX_DEPTH} levels deep`;
+    if (depth > MAX_DEPTH) return (path) => `${path} is nested more than ${MAX_DEPTH} levels deep`;
     const obj = v as object;
-    if (ancestors.includes(obj)) return `${path} is a circular reference`;
+    if (ancestors.includes(obj)) return (path) => `${path} is a circular reference`;
     ancestors.push(obj);
     try {
       if (Array.isArray(obj)) {
         for (let i = 0; i < obj.length; i++) {
-          if (!(i in obj)) return `${path}[${i}] is a hole in a sparse array`;
-          const problem = visit(obj[i], `${path}[${i}]`, depth + 1);
-          if (problem) return problem;
+          if (!(i in obj)) {
+            steps.push(`[${i}]`);
+            return (path) => `${path} is a hole in a sparse array`;
+          }
+          const problem = visit(obj[i], depth + 1);
+          if (problem) {
+            steps.push(`[${i}]`);
+            return problem;
+          }
         }
         return null;
       }
       const proto = Object.getPrototypeOf(obj);
       if (proto !== Object.prototype && proto !== null) {
         const kind = (obj as { constructor?: { name?: string } }).constructor?.name ?? "object";
-        return `${path} is a ${kind}, not a plain object (convert it, e.g. a Date to an ISO string)`;
+        return (path) =>
+          `${path} is a ${kind}, not a plain object (convert it, e.g. a Date to an ISO string)`;
       }
-      if (Object.getOwnPropertySymbols(obj).length) return `${path} has symbol keys`;
-      for (const [key, item] of Object.entries(obj)) {
-        const itemPath = /^[A-Za-z_$][\w$]*$/.test(key)
-          ? `${path}.${key}`
-          : `${path}[${JSON.stringify(key)}]`;
-        const problem = stringProblem(key, `a key of ${path}`) ?? visit(item, itemPath, depth + 1);
-        if (problem) return problem;
+      if (Object.getOwnPropertySymbols(obj).length) return (path) => `${path} has symbol keys`;
+      for (const key in obj) {
+        if (!Object.hasOwn(obj, key)) continue;
+        const keyProblem = stringProblem(key);
+        if (keyProblem) return (path) => keyProblem(`a key of ${path}`);
+        const problem = visit((obj as Record<string, unknown>)[key], depth + 1);
+        if (problem) {
+          steps.push(/^[A-Za-z_$][\w$]*$/.test(key) ? `.${key}` : `[${JSON.stringify(key)}]`);
+          return problem;
+        }
       }
       return null;
     } finally {
       ancestors.pop();
     }
   };
-  return visit(value, root, 0);
+  const problem = visit(value, 0);
+  return problem ? problem(root + steps.reverse().join("")) : null;
 }
 
-function stringProblem(s: string, path: string): string | null {
+/** A problem found at some path, described once the path is known. */
+type Problem = (path: string) => string;
+
+function stringProblem(s: string): Problem | null {
   if (s.includes("\u0000")) {
-    return `${path} contains a NUL character, which PostgreSQL cannot store`;
+    return (path) => `${path} contains a NUL character, which PostgreSQL cannot store`;
   }
   // A lone surrogate has no UTF-8 form; PostgreSQL refuses it.
   if (/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(s)) {
-    return `${path} contains a lone UTF-16 surrogate`;
+    return (path) => `${path} contains a lone UTF-16 surrogate`;
   }
   return null;
 }
