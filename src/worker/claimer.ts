@@ -1,7 +1,7 @@
 /**
- * The claimer: claims ready jobs into the free slots (`FOR UPDATE SKIP LOCKED`, priority
- * order, pauses honoured, only tasks this worker knows) and cancels queued jobs with a
- * cancel request or a passed expiry, in one statement. Jobs whose `limitKey` has a row in
+ * The claimer: claims ready jobs into the free slots in one statement (`FOR UPDATE SKIP
+ * LOCKED`, priority order, pauses honoured, only tasks this worker knows), and cancels
+ * queued jobs with a cancel request or a passed expiry (`cancel()`). Jobs whose `limitKey` has a row in
  * `limits` are claimed by a second path that first locks those rows, so `maxRunning` is
  * never exceeded cluster-wide and `maxStarts` per window is counted in `limit_starts`.
  * The claim commits before any handler runs.
@@ -26,13 +26,19 @@ export interface ClaimRequest {
   slots: number;
 }
 
-/** What one claim pass did. */
+/** What one claim did. */
 export interface ClaimResult {
   /** Jobs now running on this worker. */
   claimed: ClaimedJob[];
+  /** Jobs whose claim an onTransition hook rolled back. */
+  rolledBack: number;
+}
+
+/** What one cancel pass did. */
+export interface CancelResult {
   /** Queued jobs cancelled (cancel requested or expired). */
   cancelled: JobRow[];
-  /** Jobs whose claim an onTransition hook rolled back. */
+  /** Jobs whose cancel an onTransition hook rolled back. */
   rolledBack: number;
 }
 
@@ -48,8 +54,6 @@ export interface ClaimerConfig {
   hooks: readonly OnTransitionHook[];
 }
 
-type Row = ClaimedJob & { kind: "claimed" | "cancelled" };
-
 /** How many queued jobs one pass cancels at most. */
 const CANCEL_BATCH = 500;
 /** How many limit keys one pass serves at most. */
@@ -61,7 +65,15 @@ const LIMITS_RECHECK = 2_000;
 export class Claimer {
   #sql: Sql;
   #config: ClaimerConfig;
-  #statements: { claim: string; hasLimits: string; keys: string; lock: string; limited: string };
+  #statements: {
+    claimOne: string;
+    claim: string;
+    cancel: string;
+    hasLimits: string;
+    keys: string;
+    lock: string;
+    limited: string;
+  };
   #limitsCheckedAt = -Infinity;
   #limitsExist = false;
 
@@ -71,7 +83,9 @@ export class Claimer {
     this.#config = config;
     const s = quoteSchema(config.schema);
     this.#statements = {
+      claimOne: claimOneStatement(s),
       claim: claimStatement(s),
+      cancel: cancelStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
       keys: `select l.key from ${s}.limits l
               where exists (select 1 from ${s}.jobs c
@@ -108,39 +122,69 @@ export class Claimer {
     return result;
   }
 
-  /** The claim of jobs without a limits row (and the cancel pass). */
+  /**
+   * Cancel queued jobs of `queues` with a cancel request or a passed expiry (at most
+   * CANCEL_BATCH per pass). The claim never takes them; this records why they did not run.
+   */
+  async cancel(queues: readonly string[]): Promise<CancelResult> {
+    const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) =>
+      sql.unsafe(this.#statements.cancel, [queues as string[], n, excluded]) as unknown as Promise<
+        JobRow[]
+      >;
+    if (this.#config.hooks.length === 0) {
+      return { cancelled: await run(this.#sql, CANCEL_BATCH, []), rolledBack: 0 };
+    }
+    // One transition per transaction, so a hook error rolls back only that one.
+    const { rows, rolledBack } = await this.#oneByOne(
+      CANCEL_BATCH,
+      "queued",
+      (tx, excluded) => run(tx, 1, excluded),
+    );
+    return { cancelled: rows, rolledBack };
+  }
+
+  /** The claim of jobs without a limits row. */
   async #claimUnlimited(
     requests: readonly ClaimRequest[],
     total: number,
     offset: number,
   ): Promise<ClaimResult> {
-    const queues = requests.map((r) => r.queue);
-    const slots = requests.map((r) => r.slots);
-    const run = (sql: Sql | TransactionSql, n: number, cancel: number, excluded: string[]) =>
-      sql.unsafe(this.#statements.claim, [
-        queues,
+    const tasks = this.#config.tasks as string[];
+    const workerId = this.#config.workerId;
+    const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) => {
+      if (requests.length === 1) {
+        // One queue (the common case): a plain ordered index scan, cheap to plan.
+        return sql.unsafe(this.#statements.claimOne, [
+          requests[0].queue,
+          tasks,
+          Math.min(n, requests[0].slots),
+          excluded,
+          workerId,
+        ]) as unknown as Promise<ClaimedJob[]>;
+      }
+      const slots = requests.map((r) => r.slots);
+      return sql.unsafe(this.#statements.claim, [
+        requests.map((r) => r.queue),
         slots,
-        this.#config.tasks as string[],
+        tasks,
         n,
         offset,
-        cancel,
         excluded,
-        this.#config.workerId,
+        workerId,
         // A constant per-queue LIMIT (the largest request) lets the planner see how few
         // rows it fetches; an expression makes it guess a tenth of the queue, which pushes
         // the plan past jit_above_cost on big queues (~45 ms of JIT per claim).
         Math.min(n, Math.max(0, ...slots)),
-      ]) as unknown as Promise<Row[]>;
+      ]) as unknown as Promise<ClaimedJob[]>;
+    };
     if (this.#config.hooks.length === 0) {
-      return split(await run(this.#sql, total, CANCEL_BATCH, []), 0);
+      return { claimed: await run(this.#sql, total, []), rolledBack: 0 };
     }
-    // One transition per transaction, so a hook error rolls back only that one.
-    const cancelled = await this.#oneByOne(CANCEL_BATCH, (tx, excluded) => run(tx, 0, 1, excluded));
-    const claimed = await this.#oneByOne(total, (tx, excluded) => {
+    const { rows, rolledBack } = await this.#oneByOne(total, "queued", (tx, excluded) => {
       offset++;
-      return run(tx, 1, 0, excluded);
+      return run(tx, 1, excluded);
     });
-    return split([...cancelled.rows, ...claimed.rows], cancelled.rolledBack + claimed.rolledBack);
+    return { claimed: rows, rolledBack };
   }
 
   /** The claim of jobs whose key has a limits row, under a lock on those rows. */
@@ -148,7 +192,11 @@ export class Claimer {
     const queues = requests.map((r) => r.queue);
     const slots = requests.map((r) => r.slots);
     const tasks = this.#config.tasks as string[];
-    const run = async (tx: TransactionSql, n: number, excluded: string[]): Promise<Row[]> => {
+    const run = async (
+      tx: TransactionSql,
+      n: number,
+      excluded: string[],
+    ): Promise<ClaimedJob[]> => {
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks])).map((r) => r.key);
       if (keys.length === 0) return [];
       // Serialise claimers of the same keys; the claim below then counts with a fresh
@@ -166,33 +214,41 @@ export class Claimer {
         n,
         excluded,
         this.#config.workerId,
-      ]) as unknown as Row[];
+      ]) as unknown as ClaimedJob[];
     };
     if (this.#config.hooks.length === 0) {
-      return split(await this.#sql.begin((tx) => run(tx, total, [])) as Row[], 0);
+      return {
+        claimed: await this.#sql.begin((tx) => run(tx, total, [])) as ClaimedJob[],
+        rolledBack: 0,
+      };
     }
-    const claimed = await this.#oneByOne(total, (tx, excluded) => run(tx, 1, excluded));
-    return split(claimed.rows, claimed.rolledBack);
+    const { rows, rolledBack } = await this.#oneByOne(
+      total,
+      "queued",
+      (tx, excluded) => run(tx, 1, excluded),
+    );
+    return { claimed: rows, rolledBack };
   }
 
   /** Repeat a one-row transition in its own transaction with the hooks, up to `budget`. */
-  async #oneByOne(
+  async #oneByOne<R extends JobRow>(
     budget: number,
-    statement: (tx: TransactionSql, excluded: string[]) => Promise<Row[]>,
-  ): Promise<{ rows: Row[]; rolledBack: number }> {
-    const rows: Row[] = [];
+    from: "queued",
+    statement: (tx: TransactionSql, excluded: string[]) => Promise<R[]>,
+  ): Promise<{ rows: R[]; rolledBack: number }> {
+    const rows: R[] = [];
     const excluded: string[] = [];
     let rolledBack = 0;
     while (budget > 0) {
-      let got: Row[];
+      let got: R[];
       try {
         got = await this.#sql.begin(async (tx) => {
           const changed = await statement(tx, excluded);
           for (const row of changed) {
-            await runTransitionHooks(this.#config.hooks, tx, row, "queued");
+            await runTransitionHooks(this.#config.hooks, tx, row, from);
           }
           return changed;
-        }) as Row[];
+        }) as R[];
       } catch (error) {
         if (!(error instanceof TransitionHookError)) throw error;
         rolledBack++;
@@ -217,14 +273,6 @@ export class Claimer {
   }
 }
 
-function split(rows: Row[], rolledBack: number): ClaimResult {
-  return {
-    claimed: rows.filter((r) => r.kind === "claimed"),
-    cancelled: rows.filter((r) => r.kind === "cancelled"),
-    rolledBack,
-  };
-}
-
 /**
  * The conditions of a ready job (alias `c`) in queue `queue`. Pauses are checked per queue
  * by the callers, not per row: a per-row subplan raises the plan's cost estimate past
@@ -242,45 +290,78 @@ function openQueues(s: string, queues: string, slots: string): string {
            where not exists (select 1 from ${s}.queue_pauses p where p.queue = u.name)) as q`;
 }
 
+/**
+ * The claim's UPDATE of the rows that `candidates` locked. By ctid (a TID scan): the rows
+ * are locked by this same statement, so their ctid cannot change under it, and a join
+ * through the primary key costs a third of the claim.
+ */
+function claimUpdate(s: string, workerId: string): string {
+  return `update ${s}.jobs j
+       set state = 'running', run_count = j.run_count + 1, worker_id = ${workerId},
+           started_at = now()
+     where j.ctid = any(array(select ctid from candidates))
+    returning ${JOB_RETURNING}, j.args`;
+}
+
+/** Claim from one queue: $1 queue, $2 tasks, $3 how many, $4 excluded ids, $5 worker id. */
+function claimOneStatement(s: string): string {
+  return `
+    with candidates as (
+      select c.ctid from ${s}.jobs c
+       where ${ready("$1::text")}
+         and c.task = any($2::text[])
+         and c.id <> all($4::bigint[])
+         and (c.limit_key is null
+              or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
+         and not exists (select 1 from ${s}.queue_pauses p where p.queue = $1::text)
+       order by c.priority desc, c.run_at, c.id
+       limit $3
+       for update of c skip locked
+    )
+    ${claimUpdate(s, "$5")}`;
+}
+
+/**
+ * Claim from several queues: $1 queues, $2 slots per queue, $3 tasks, $4 how many in all,
+ * $5 round-robin offset, $6 excluded ids, $7 worker id, $8 the largest per-queue slots.
+ */
 function claimStatement(s: string): string {
   return `
-    with cancelled as (
-      update ${s}.jobs j set state = 'cancelled', finished_at = now()
-       where j.id in (
-         select c.id from ${s}.jobs c
-          where c.state = 'queued' and c.queue = any($1::text[])
-            and (c.cancel_requested_at is not null or c.expires_at <= now())
-          limit $6
-          for update skip locked)
-      returning ${JOB_RETURNING}, null::jsonb as args, 'cancelled'::text as kind
-    ),
-    candidates as (
-      select r.id from (
-        select x.id, q.ord, q.n,
+    with candidates as (
+      select r.ctid from (
+        select x.ctid, q.ord, q.n,
                row_number() over (partition by q.ord order by x.priority desc, x.run_at, x.id) as rn
           from ${openQueues(s, "$1", "$2")}
           cross join lateral (
-            select c.id, c.priority, c.run_at from ${s}.jobs c
+            select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
              where ${ready("q.name")}
                and c.task = any($3::text[])
-               and c.id <> all($7::bigint[])
+               and c.id <> all($6::bigint[])
                and (c.limit_key is null
                     or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
              order by c.priority desc, c.run_at, c.id
-             limit $9
+             limit $8
              for update of c skip locked) x
       ) r
       where r.rn <= r.n
       order by r.rn, (r.ord + $5) % cardinality($1::text[])
       limit $4
-    ),
-    claimed as (
-      update ${s}.jobs j
-         set state = 'running', run_count = j.run_count + 1, worker_id = $8, started_at = now()
-        from candidates where j.id = candidates.id
-      returning ${JOB_RETURNING}, j.args, 'claimed'::text as kind
     )
-    select * from claimed union all select * from cancelled`;
+    ${claimUpdate(s, "$7")}`;
+}
+
+/** Cancel queued jobs: $1 queues, $2 how many, $3 excluded ids. */
+function cancelStatement(s: string): string {
+  return `
+    update ${s}.jobs j set state = 'cancelled', finished_at = now()
+     where j.id in (
+       select c.id from ${s}.jobs c
+        where c.state = 'queued' and c.queue = any($1::text[])
+          and (c.cancel_requested_at is not null or c.expires_at <= now())
+          and c.id <> all($3::bigint[])
+        limit $2
+        for update skip locked)
+    returning ${JOB_RETURNING}`;
 }
 
 function limitedClaimStatement(s: string): string {
@@ -323,7 +404,7 @@ function limitedClaimStatement(s: string): string {
       update ${s}.jobs j
          set state = 'running', run_count = j.run_count + 1, worker_id = $7, started_at = now()
         from picked where j.id = picked.id
-      returning ${JOB_RETURNING}, j.args, 'claimed'::text as kind
+      returning ${JOB_RETURNING}, j.args
     ),
     marks as (
       insert into ${s}.limit_starts (key, job_id)

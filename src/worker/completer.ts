@@ -7,7 +7,7 @@
  * @module
  */
 import { isTransientError, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
-import type { OnTransitionHook } from "../job.ts";
+import type { JobState, OnTransitionHook } from "../job.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 
 /** How a run ended, as the completer writes it. */
@@ -34,10 +34,25 @@ export interface Outcome {
   delayMs?: number;
 }
 
+/**
+ * A written job as the batch write returns it without onTransition hooks (with hooks, the
+ * whole {@linkcode JobRow}): only what the worker logs, so the rows cost little to send.
+ */
+export interface WrittenRow {
+  /** Job id. */
+  id: string;
+  /** The new state. */
+  state: JobState;
+  /** Attempts spent. */
+  attempt: number;
+  /** When it is ready again (queued) or was last ready. */
+  run_at: Date;
+}
+
 /** The result of writing outcomes. */
 export interface CompleteResult {
   /** Rows written, with their new state. */
-  written: JobRow[];
+  written: WrittenRow[];
   /** Outcomes discarded because the run no longer owns the job. */
   stale: Outcome[];
   /** Outcomes whose transition an onTransition hook rolled back (to be retried). */
@@ -63,13 +78,18 @@ export function appendError(entry: string): string {
 export class Completer {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
-  #text: string;
+  #full: string;
+  #short: string;
 
   /** Make a completer on a pool. */
   constructor(sql: Sql, schema: string, hooks: readonly OnTransitionHook[]) {
     this.#sql = sql;
     this.#hooks = hooks;
-    this.#text = completeStatement(quoteSchema(schema));
+    this.#full = completeStatement(quoteSchema(schema), JOB_RETURNING);
+    this.#short = completeStatement(
+      quoteSchema(schema),
+      "j.id::text as id, j.state, j.attempt, j.run_at",
+    );
   }
 
   /** Write a batch of outcomes (one statement without onTransition hooks). */
@@ -79,7 +99,7 @@ export class Completer {
       this.#hooks,
       outcomes,
       () => "running",
-      (tx, items) => this.#statement(tx, items),
+      (tx, items) => this.#statement(tx, items, this.#hooks.length > 0),
     );
     const done = new Set(rows.map((r) => r.id));
     const failed = new Set(rolledBack.map((r) => r.item));
@@ -95,20 +115,36 @@ export class Completer {
    * null when the run no longer owns the job.
    */
   async writeIn(tx: TransactionSql, outcome: Outcome): Promise<JobRow | null> {
-    const [row] = await this.#statement(tx, [outcome]);
+    const [row] = await this.#statement(tx, [outcome], true);
     return row ?? null;
   }
 
-  async #statement(tx: Sql | TransactionSql, outcomes: readonly Outcome[]): Promise<JobRow[]> {
-    const payload = outcomes.map((o) => ({
-      id: o.id,
-      run_count: o.runCount,
-      kind: o.kind,
-      result: o.kind === "succeeded" ? (o.result ?? null) : null,
-      error: o.error ?? null,
-      delay_ms: o.delayMs ?? null,
-    }));
-    const rows = await tx.unsafe(this.#text, [JSON.stringify(payload)]);
+  async #statement(
+    tx: Sql | TransactionSql,
+    outcomes: readonly Outcome[],
+    full: boolean,
+  ): Promise<JobRow[]> {
+    // Parallel arrays (unnest): planned in a fraction of the time a JSON document takes.
+    const n = outcomes.length;
+    const ids = new Array<string>(n);
+    const runCounts = new Array<number>(n);
+    const kinds = new Array<string>(n);
+    const results = new Array<string | null>(n);
+    const errors = new Array<string | null>(n);
+    const delays = new Array<number | null>(n);
+    for (let i = 0; i < n; i++) {
+      const o = outcomes[i];
+      ids[i] = o.id;
+      runCounts[i] = o.runCount;
+      kinds[i] = o.kind;
+      results[i] = o.kind === "succeeded" && o.result != null ? JSON.stringify(o.result) : null;
+      errors[i] = o.error ? JSON.stringify(o.error) : null;
+      delays[i] = o.delayMs ?? null;
+    }
+    const rows = await tx.unsafe(
+      full ? this.#full : this.#short,
+      [ids, runCounts, kinds, results, errors, delays] as never,
+    );
     return [...rows] as unknown as JobRow[];
   }
 }
@@ -141,14 +177,10 @@ const NEXT_STATE = `(case when j.cancel_requested_at is not null then 'cancelled
   when o.kind in ('snooze', 'release') then 'queued'
   else 'cancelled' end)`;
 
-function completeStatement(s: string): string {
+function completeStatement(s: string, returning: string): string {
   // One UPDATE ... FROM: the fence is its WHERE, re-checked on the latest row version
   // when another transaction changed the row meanwhile.
   return `
-    with o as (
-      select * from jsonb_to_recordset($1::text::jsonb) as o(
-        id bigint, run_count int, kind text, result jsonb, error jsonb, delay_ms float8)
-    )
     update ${s}.jobs j set
       state = ${NEXT_STATE},
       attempt = j.attempt + (j.cancel_requested_at is null and o.kind in ('retry', 'fail'))::int,
@@ -156,11 +188,12 @@ function completeStatement(s: string): string {
       run_at = case when ${NEXT_STATE} = 'queued'
                     then now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
                     else j.run_at end,
-      result = case when ${NEXT_STATE} = 'succeeded' then o.result end,
-      errors = case when o.error is null then j.errors else ${appendError("o.error")} end,
+      result = case when ${NEXT_STATE} = 'succeeded' then o.result::jsonb end,
+      errors = case when o.error is null then j.errors else ${appendError("o.error::jsonb")} end,
       worker_id = null,
       finished_at = case when ${NEXT_STATE} in ('succeeded', 'failed', 'cancelled') then now() end
-    from o
+    from unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::float8[])
+      as o(id, run_count, kind, result, error, delay_ms)
     where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
-    returning ${JOB_RETURNING}`;
+    returning ${returning}`;
 }

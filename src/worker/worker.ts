@@ -16,6 +16,7 @@ import { installDriverGuard } from "./driver_guard.ts";
 import { type Execution, Executor } from "./executor.ts";
 import { Heartbeat } from "./heartbeat.ts";
 import type { JobRow } from "./job_row.ts";
+import type { WrittenRow } from "./completer.ts";
 import { Listener } from "./listener.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
@@ -47,6 +48,8 @@ const PRUNE_EVERY = 60_000;
 const OUTCOME_BATCH = 500;
 const DB_BACKOFF_MAX = 30_000;
 const RELEASE_TIMEOUT = 5_000;
+/** How often a busy worker runs the cancel pass (an idle one runs it on every poll). */
+const CANCEL_EVERY = 1_000;
 
 interface Running {
   execution: Execution;
@@ -56,6 +59,8 @@ interface Running {
 
 interface PendingOutcome {
   outcome: Outcome;
+  /** For the log lines (absent for an orphan release). */
+  job?: { task: string; queue: string };
   resolve: () => void;
 }
 
@@ -92,6 +97,11 @@ export class Worker {
   /** Running jobs per queue (kept beside #inflight: counting it per finish is O(slots)). */
   #busy = new Map<string, number>();
   #pending: PendingOutcome[] = [];
+  /**
+   * Jobs whose handler is done but whose outcome is not written yet. Their slots are free
+   * (the next claim overlaps the write), but they still run in the database's eyes.
+   */
+  #unwritten = new Map<string, Promise<void>>();
   #releasing = new Set<string>();
   #flushing: Promise<void> | null = null;
   #claims = 0;
@@ -263,6 +273,7 @@ export class Worker {
   async #loop(): Promise<WorkerExit> {
     const { config } = this;
     let nextRescue = 0;
+    let nextCancel = 0;
     let nextPrune = performance.now() + Math.random() * PRUNE_EVERY;
     let dbBackoff = 0;
     while (!this.#stopRequested) {
@@ -291,6 +302,12 @@ export class Worker {
         }
         for (const service of this.#services) await service.runOnce();
         if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
+        // After the claim, so it never delays a job; every pass when idle or in batch mode.
+        if (!full || config.batch || performance.now() >= nextCancel) {
+          nextCancel = performance.now() + CANCEL_EVERY;
+          const result = await this.#claimer.cancel(config.queues);
+          for (const row of result.cancelled) this.#logState(row, "queued");
+        }
         dbBackoff = 0;
       } catch (error) {
         if (!isTransientError(error)) return this.#fatal(error);
@@ -324,7 +341,7 @@ export class Worker {
     try {
       // No claim runs during a beat, so what it reports running and this set lacks is
       // not ours to finish (see #releaseOrphans).
-      const known = new Set(this.#inflight.keys());
+      const known = new Set([...this.#inflight.keys(), ...this.#unwritten.keys()]);
       const beat = await this.#heartbeat.runOnce();
       if (beat.registered && this.#beatOk === false && this.#heartbeat.lastSuccess !== null) {
         this.#log.debug("worker {workerId} registered", {
@@ -371,32 +388,49 @@ export class Worker {
         .filter((r) => r.slots > 0);
       total = requests.reduce((sum, r) => sum + r.slots, 0);
     }
+    // Outcomes waiting for their write are bounded: at most as many as the slots.
+    total = Math.min(total, this.#writeRoom());
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
     const result = await this.#claimer.claim(requests, total, this.#offset++);
-    for (const row of result.cancelled) this.#logState(row, "queued");
+    if (result.claimed.length > 0 && this.#log.isEnabledFor("debug")) {
+      for (const row of result.claimed) {
+        this.#log.debug("job {jobId} claimed", {
+          event: "job_claimed",
+          jobId: row.id,
+          task: row.task,
+          queue: row.queue,
+          attempt: row.attempt,
+          runCount: row.run_count,
+        });
+      }
+    }
     for (const row of result.claimed) this.#start(row);
     return [result.claimed.length === total, result.claimed.length === 0];
   }
 
+  /** How many more jobs may be claimed before unwritten outcomes exceed the slots. */
+  #writeRoom(): number {
+    const limit = this.config.slots * (this.config.fair ? 1 : this.config.queues.length);
+    return limit - this.#unwritten.size;
+  }
+
   #start(row: ClaimedJob): void {
     this.#claims++;
-    this.#log.debug("job {jobId} claimed", {
-      event: "job_claimed",
-      jobId: row.id,
-      task: row.task,
-      queue: row.queue,
-      attempt: row.attempt,
-      runCount: row.run_count,
-    });
     const execution = this.#executor.start(row);
     const done = execution.outcome.then(async (outcome) => {
-      if (outcome) await this.#write(outcome);
-      const wasFull = this.#isFull(row.queue);
+      // The slot is free once the handler is done: the next claim overlaps this write.
+      const wasFull = this.#isFull(row.queue) || this.#writeRoom() <= 0;
       this.#inflight.delete(row.id);
       this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
       // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
       if (wasFull || this.config.batch || this.#draining) this.#wakeUp();
+      if (!outcome) return;
+      const written = this.#write(outcome, row);
+      this.#unwritten.set(row.id, written);
+      await written;
+      this.#unwritten.delete(row.id);
+      if (this.#writeRoom() === 1) this.#wakeUp();
     });
     this.#inflight.set(row.id, { execution, queue: row.queue, done });
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
@@ -437,9 +471,9 @@ export class Worker {
   }
 
   /** Queue an outcome for the completer; resolves once written or discarded. */
-  #write(outcome: Outcome): Promise<void> {
+  #write(outcome: Outcome, job?: { task: string; queue: string }): Promise<void> {
     return new Promise((resolve) => {
-      this.#pending.push({ outcome, resolve });
+      this.#pending.push({ outcome, job, resolve });
       this.#scheduleFlush();
     });
   }
@@ -507,9 +541,10 @@ export class Worker {
       return;
     }
     const byId = new Map(batch.map((p) => [p.outcome.id, p]));
+    const log = this.#log.isEnabledFor("info");
     for (const row of result.written) {
       const p = byId.get(row.id);
-      this.#logState(row, "running", p?.outcome);
+      if (log || row.state === "failed") this.#logState(row, "running", p?.outcome, p?.job);
       p?.resolve();
     }
     for (const outcome of result.stale) {
@@ -535,11 +570,16 @@ export class Worker {
     }
   }
 
-  #logState(row: JobRow, from: string, outcome?: Outcome): void {
+  #logState(
+    row: WrittenRow & Partial<JobRow>,
+    from: string,
+    outcome?: Outcome,
+    job?: { task: string; queue: string },
+  ): void {
     const props = {
       jobId: row.id,
-      task: row.task,
-      queue: row.queue,
+      task: row.task ?? job?.task,
+      queue: row.queue ?? job?.queue,
       attempt: row.attempt,
       from,
     };
@@ -602,7 +642,10 @@ export class Worker {
     const remaining = [...this.#inflight.values()];
     for (const run of remaining) run.execution.interrupt("shutdown");
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
-    await this.#untilReleased(Promise.all(remaining.map((r) => r.done)));
+    // The runs' own outcomes, then every outcome still waiting for its write.
+    await this.#untilReleased(
+      Promise.all(remaining.map((r) => r.done)).then(() => Promise.all(this.#unwritten.values())),
+    );
     clearTimeout(timer);
   }
 
