@@ -154,16 +154,16 @@ export class Claimer {
     const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) => {
       if (requests.length === 1) {
         // One queue (the common case): a plain ordered index scan, cheap to plan.
-        return sql.unsafe(this.#statements.claimOne, [
+        return this.#claimed(sql.unsafe(this.#statements.claimOne, [
           requests[0].queue,
           tasks,
           Math.min(n, requests[0].slots),
           excluded,
           workerId,
-        ]) as unknown as Promise<ClaimedJob[]>;
+        ]));
       }
       const slots = requests.map((r) => r.slots);
-      return sql.unsafe(this.#statements.claim, [
+      return this.#claimed(sql.unsafe(this.#statements.claim, [
         requests.map((r) => r.queue),
         slots,
         tasks,
@@ -175,7 +175,7 @@ export class Claimer {
         // rows it fetches; an expression makes it guess a tenth of the queue, which pushes
         // the plan past jit_above_cost on big queues (~45 ms of JIT per claim).
         Math.min(n, Math.max(0, ...slots)),
-      ]) as unknown as Promise<ClaimedJob[]>;
+      ]));
     };
     if (this.#config.hooks.length === 0) {
       return { claimed: await run(this.#sql, total, []), rolledBack: 0 };
@@ -206,7 +206,7 @@ export class Claimer {
       // this loop and its heartbeat with it.
       const locked = (await tx.unsafe(this.#statements.lock, [keys])).map((r) => r.key);
       if (locked.length === 0) return [];
-      return await tx.unsafe(this.#statements.limited, [
+      return await this.#claimed(tx.unsafe(this.#statements.limited, [
         locked,
         queues,
         slots,
@@ -214,7 +214,7 @@ export class Claimer {
         n,
         excluded,
         this.#config.workerId,
-      ]) as unknown as ClaimedJob[];
+      ]));
     };
     if (this.#config.hooks.length === 0) {
       return {
@@ -263,6 +263,31 @@ export class Claimer {
     return { rows, rolledBack };
   }
 
+  /** Claimed rows, read as arrays of {@linkcode CLAIM_RETURNING} (see there). */
+  async #claimed(query: ReturnType<Sql["unsafe"]>): Promise<ClaimedJob[]> {
+    const rows = await query.values() as unknown as ClaimValues[];
+    const workerId = this.#config.workerId;
+    return rows.map((v) => ({
+      id: v[0],
+      task: v[1],
+      queue: v[2],
+      priority: v[3],
+      attempt: v[4],
+      run_count: v[5],
+      max_attempts: v[6],
+      snoozes: v[7],
+      run_at: msDate(v[8])!,
+      expires_at: msDate(v[9]),
+      unique_key: v[10],
+      limit_key: v[11],
+      created_at: msDate(v[12])!,
+      started_at: msDate(v[13]),
+      worker_id: workerId,
+      state: "running",
+      args: v[14],
+    }));
+  }
+
   async #limitsMayApply(): Promise<boolean> {
     const now = performance.now();
     if (!this.#limitsExist && now - this.#limitsCheckedAt < LIMITS_RECHECK) return false;
@@ -291,6 +316,42 @@ function openQueues(s: string, queues: string, slots: string): string {
 }
 
 /**
+ * What a claim returns, as an array per row: the worker decodes every column of every
+ * claimed job, so timestamps come as epoch milliseconds (a number, not text for a date
+ * parser), and the state and worker id, known already, not at all.
+ */
+const CLAIM_RETURNING = `j.id::text, j.task, j.queue, j.priority, j.attempt, j.run_count,
+  j.max_attempts, j.snoozes, date_part('epoch', j.run_at) * 1000,
+  date_part('epoch', j.expires_at) * 1000, j.unique_key, j.limit_key,
+  date_part('epoch', j.created_at) * 1000, date_part('epoch', j.started_at) * 1000, j.args`;
+
+type ClaimValues = [
+  string,
+  string,
+  string,
+  number,
+  number,
+  number,
+  number,
+  number,
+  number,
+  number | null,
+  string | null,
+  string | null,
+  number,
+  number | null,
+  unknown,
+];
+
+/**
+ * A Date from epoch milliseconds with a microsecond fraction (float8), truncated to the
+ * millisecond like a parsed timestamp; the half-microsecond nudge absorbs float error.
+ */
+function msDate(ms: number | null): Date | null {
+  return ms === null ? null : new Date(Math.floor(ms + 0.0005));
+}
+
+/**
  * The claim's UPDATE of the rows that `candidates` locked. By ctid (a TID scan): the rows
  * are locked by this same statement, so their ctid cannot change under it, and a join
  * through the primary key costs a third of the claim.
@@ -300,7 +361,7 @@ function claimUpdate(s: string, workerId: string): string {
        set state = 'running', run_count = j.run_count + 1, worker_id = ${workerId},
            started_at = now()
      where j.ctid = any(array(select ctid from candidates))
-    returning ${JOB_RETURNING}, j.args`;
+    returning ${CLAIM_RETURNING}`;
 }
 
 /** Claim from one queue: $1 queue, $2 tasks, $3 how many, $4 excluded ids, $5 worker id. */
@@ -404,7 +465,7 @@ function limitedClaimStatement(s: string): string {
       update ${s}.jobs j
          set state = 'running', run_count = j.run_count + 1, worker_id = $7, started_at = now()
         from picked where j.id = picked.id
-      returning ${JOB_RETURNING}, j.args
+      returning j.*
     ),
     marks as (
       insert into ${s}.limit_starts (key, job_id)
@@ -412,5 +473,5 @@ function limitedClaimStatement(s: string): string {
         join room on room.key = c.limit_key
        where room.max_starts is not null
     )
-    select * from claimed`;
+    select ${CLAIM_RETURNING.replaceAll("j.", "claimed.")} from claimed`;
 }

@@ -189,7 +189,9 @@ function completeStatement(s: string, returning: string): string {
                     then now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
                     else j.run_at end,
       result = case when ${NEXT_STATE} = 'succeeded' then o.result::jsonb end,
-      errors = case when o.error is null then j.errors else ${appendError("o.error::jsonb")} end,
+      -- Both branches of the domain type: no domain check unless an error is appended.
+      errors = case when o.error is null then j.errors
+                    else ${appendError("o.error::jsonb")}::${s}.job_errors end,
       worker_id = null,
       finished_at = case when ${NEXT_STATE} in ('succeeded', 'failed', 'cancelled') then now() end
     from unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::float8[])
