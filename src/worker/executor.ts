@@ -56,39 +56,32 @@ export class Executor {
   start(row: ClaimedJob): Execution {
     const job = toJobInfo(row);
     const task = this.#app.tasks.get(row.task);
-    const controller = new AbortController();
-    let settle!: (interrupt: Interrupt) => void;
-    const interrupted = new Promise<Interrupt>((resolve) => settle = resolve);
+    const timeout = task?.timeout;
+    const ctx = new RunContext(
+      job,
+      timeout === undefined ? null : new Date(Date.now() + timeout),
+      (run, fn) => this.#completeTx(run, fn),
+    );
+    // One promise settles the run: by the handler, or by an interrupt, whichever is first.
+    let settle!: (settled: Settled) => void;
+    const settled = new Promise<Settled>((resolve) => settle = resolve);
     let finished = false;
     const interrupt = (reason: Interrupt) => {
       if (finished) return;
       finished = true;
-      controller.abort(interruptError(reason, task?.timeout));
+      ctx.abort(interruptError(reason, timeout));
       settle(reason);
     };
-    const timeout = task?.timeout;
-    const deadline = timeout === undefined ? null : new Date(Date.now() + timeout);
     const timer = timeout === undefined
       ? undefined
       : setTimeout(() => interrupt("timeout"), timeout);
-    const state = { completed: false, inCompleteTx: false };
-    const ctx: JobContext = {
-      job,
-      signal: controller.signal,
-      deadline,
-      remaining: () => deadline === null ? null : Math.max(0, deadline.getTime() - Date.now()),
-      completeTx: (fn) => this.#completeTx(job, state, controller.signal, fn),
-    };
-    const work = runWithContext(ctx, () => this.#run(task, row, job, ctx));
-    const outcome = Promise.race([
-      work.then(
-        (value) => ({ ok: true as const, value }),
-        (error) => ({ ok: false as const, error }),
-      ),
-      interrupted,
-    ]).then((settled): Outcome | null => {
+    runWithContext(ctx, () => this.#run(task, row, job, ctx)).then(
+      (value) => settle({ ok: true, value }),
+      (error) => settle({ ok: false, error }),
+    );
+    const outcome = settled.then((settled): Outcome | null => {
       finished = true;
-      clearTimeout(timer);
+      if (timer !== undefined) clearTimeout(timer);
       const base = { id: job.id, runCount: job.runCount };
       if (typeof settled === "string") {
         if (settled === "timeout") {
@@ -96,10 +89,10 @@ export class Executor {
         }
         return { ...base, kind: settled === "cancel" ? "cancel" : "release" };
       }
-      if (state.completed) return null;
+      if (ctx.completed) return null;
       if (settled.ok) {
         const result = settled.value === undefined ? null : settled.value;
-        const problem = jsonProblem(result, "result");
+        const problem = result === null ? null : jsonProblem(result, "result");
         if (problem) {
           return {
             ...base,
@@ -172,16 +165,14 @@ export class Executor {
     return clean.length > MESSAGE_MAX ? `${clean.slice(0, MESSAGE_MAX - 1)}…` : clean;
   }
 
-  async #completeTx<T>(
-    job: JobInfo,
-    state: { completed: boolean; inCompleteTx: boolean },
-    signal: AbortSignal,
-    fn: (tx: TransactionSql) => Promise<T>,
-  ): Promise<T> {
+  async #completeTx<T>(state: RunContext, fn: (tx: TransactionSql) => Promise<T>): Promise<T> {
+    const job = state.job;
     if (state.inCompleteTx) throw new AkadzeError("completeTx cannot be nested");
     if (state.completed) throw new AkadzeError("completeTx already committed for this run");
-    if (signal.aborted) {
-      throw new AkadzeError(`job ${job.id}: the run was interrupted (${signal.reason?.message})`);
+    if (state.abortReason) {
+      throw new AkadzeError(
+        `job ${job.id}: the run was interrupted (${state.abortReason.message})`,
+      );
     }
     state.inCompleteTx = true;
     try {
@@ -208,6 +199,63 @@ export class Executor {
     } finally {
       state.inCompleteTx = false;
     }
+  }
+}
+
+/** How a run settled: the handler's value or error, or an interrupt. */
+type Settled = { ok: true; value: unknown } | { ok: false; error: unknown } | Interrupt;
+
+/**
+ * A run's {@linkcode JobContext}. The AbortController is made on first use of `signal`
+ * (most handlers never look at it, and one per job is a measurable share of a no-op run).
+ */
+class RunContext implements JobContext {
+  readonly job: JobInfo;
+  readonly deadline: Date | null;
+  /** Set once `completeTx` committed: the handler's return value is then ignored. */
+  completed = false;
+  /** While `completeTx` runs (it cannot be nested). */
+  inCompleteTx = false;
+  #controller: AbortController | null = null;
+  #reason: Error | null = null;
+  #completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>;
+
+  constructor(
+    job: JobInfo,
+    deadline: Date | null,
+    completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>,
+  ) {
+    this.job = job;
+    this.deadline = deadline;
+    this.#completeTx = completeTx;
+  }
+
+  get signal(): AbortSignal {
+    if (this.#controller === null) {
+      this.#controller = new AbortController();
+      if (this.#reason) this.#controller.abort(this.#reason);
+    }
+    return this.#controller.signal;
+  }
+
+  /** Why the run was interrupted, or null. */
+  get abortReason(): Error | null {
+    return this.#reason;
+  }
+
+  /** Abort the run's signal (now, or when it is first asked for). */
+  abort(reason: Error): void {
+    if (this.#reason) return;
+    this.#reason = reason;
+    this.#controller?.abort(reason);
+  }
+
+  remaining(): number | null {
+    return this.deadline === null ? null : Math.max(0, this.deadline.getTime() - Date.now());
+  }
+
+  completeTx<T>(fn: (tx: TransactionSql) => Promise<T>): Promise<T> {
+    return this.#completeTx(this, fn);
   }
 }
 

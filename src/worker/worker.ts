@@ -286,6 +286,7 @@ export class Worker {
       }
       let full = false;
       let foundNothing = false;
+      let idle = false;
       try {
         if (this.#app.notify && !this.#listener.listening) await this.#listener.start();
         const now = performance.now();
@@ -301,6 +302,8 @@ export class Worker {
           }
         }
         for (const service of this.#services) await service.runOnce();
+        // Idle before the claim: no outcome written during it can have made a job ready.
+        idle = this.#inflight.size + this.#unwritten.size === 0;
         if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
         // After the claim, so it never delays a job; every pass when idle or in batch mode.
         if (!full || config.batch || performance.now() >= nextCancel) {
@@ -323,7 +326,7 @@ export class Worker {
       if (config.maxJobs !== undefined && this.#claims >= config.maxJobs) {
         return { code: 0, reason: "max_jobs" };
       }
-      if (config.batch && foundNothing && this.#inflight.size === 0) {
+      if (config.batch && foundNothing && idle && this.#inflight.size === 0) {
         return { code: 0, reason: "batch_done" };
       }
       if (full) continue;
@@ -388,7 +391,6 @@ export class Worker {
         .filter((r) => r.slots > 0);
       total = requests.reduce((sum, r) => sum + r.slots, 0);
     }
-    // Outcomes waiting for their write are bounded: at most as many as the slots.
     total = Math.min(total, this.#writeRoom());
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
@@ -409,9 +411,13 @@ export class Worker {
     return [result.claimed.length === total, result.claimed.length === 0];
   }
 
-  /** How many more jobs may be claimed before unwritten outcomes exceed the slots. */
+  /**
+   * How many more jobs may be claimed before the outcomes waiting for their write exceed
+   * twice the slots: room for one claim to overlap the write of the previous one, while a
+   * stalled write path still stops the claiming.
+   */
   #writeRoom(): number {
-    const limit = this.config.slots * (this.config.fair ? 1 : this.config.queues.length);
+    const limit = 2 * this.config.slots * (this.config.fair ? 1 : this.config.queues.length);
     return limit - this.#unwritten.size;
   }
 
@@ -430,7 +436,7 @@ export class Worker {
       this.#unwritten.set(row.id, written);
       await written;
       this.#unwritten.delete(row.id);
-      if (this.#writeRoom() === 1) this.#wakeUp();
+      if (this.#writeRoom() === 1 || this.config.batch) this.#wakeUp();
     });
     this.#inflight.set(row.id, { execution, queue: row.queue, done });
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
