@@ -28,7 +28,11 @@ export interface AkadzeOptions {
   sql?: Sql;
   /** The schema of akadze's tables. Default `"akadze"`. */
   schema?: string;
-  /** How long finished jobs are kept before the worker prunes them. Default 7 days. */
+  /**
+   * How long finished jobs are kept before the worker prunes them. Default 7 days. 0 keeps
+   * none: a succeeded job's row is deleted as its outcome is written (by the pruner when
+   * there are onTransition hooks), failed and cancelled ones at the next prune.
+   */
   retention?: number;
   /** How late a schedule fire may still be enqueued. Default 60 s. */
   grace?: number;
@@ -140,7 +144,7 @@ export class Akadze {
     }
     this.schema = options.schema ?? DEFAULT_SCHEMA;
     quoteSchema(this.schema);
-    this.retention = positiveMs("retention", options.retention, 7 * DAY_MS);
+    this.retention = positiveMs("retention", options.retention, 7 * DAY_MS, { zero: true });
     this.grace = positiveMs("grace", options.grace, 60_000);
     if (options.notify !== undefined && typeof options.notify !== "boolean") {
       throw new AkadzeError("notify must be a boolean");
@@ -347,10 +351,19 @@ export class Akadze {
   }
 }
 
-function positiveMs(name: string, value: unknown, fallback: number): number {
+function positiveMs(
+  name: string,
+  value: unknown,
+  fallback: number,
+  options: { zero?: boolean } = {},
+): number {
   if (value === undefined) return fallback;
-  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) {
-    throw new AkadzeError(`${name} must be a positive number of milliseconds, got ${value}`);
+  const min = options.zero ? "a non-negative" : "a positive";
+  if (
+    typeof value !== "number" || !Number.isFinite(value) || value < 0 ||
+    (value === 0 && !options.zero)
+  ) {
+    throw new AkadzeError(`${name} must be ${min} number of milliseconds, got ${value}`);
   }
   return value;
 }

@@ -22,7 +22,7 @@ Deno.test("Akadze needs exactly one of databaseUrl and sql", async () => {
 Deno.test("Akadze options are validated with precise messages", () => {
   const cases: [Record<string, unknown>, RegExp][] = [
     [{ schema: "Bad-Name" }, /schema must be/],
-    [{ retention: 0 }, /retention must be a positive number/],
+    [{ retention: -1 }, /retention must be a non-negative number/],
     [{ grace: -1 }, /grace must be a positive number/],
     [{ notify: "yes" }, /notify must be a boolean/],
     [{ max: 0 }, /max must be a positive integer/],

@@ -500,7 +500,11 @@ Deno.test("app, task and worker options: bad values are AkadzeErrors at construc
     ["not a url", () => new Akadze({ databaseUrl: "mysql://x" }), /postgres:\/\//],
     ["both", () => new Akadze({ databaseUrl: "postgres://x", sql: app.sql }), /not both/],
     ["unknown option", () => new Akadze({ databaseUrl: "postgres://x", pool: 1 } as never), /pool/],
-    ["retention 0", () => new Akadze({ databaseUrl: "postgres://x", retention: 0 }), /retention/],
+    [
+      "retention < 0",
+      () => new Akadze({ databaseUrl: "postgres://x", retention: -1 }),
+      /retention/,
+    ],
     ["max 0", () => new Akadze({ databaseUrl: "postgres://x", max: 0 }), /max must be/],
     ["task name NUL", () => app.task("a\u0000", () => {}), /task name/],
     ["task name empty", () => app.task("", () => {}), /task name/],

@@ -239,6 +239,52 @@ Deno.test("a stale outcome (run_count moved on) is discarded and the row is unto
   });
 });
 
+Deno.test("retention 0 deletes a succeeded job as its outcome is written; other outcomes keep their row", async () => {
+  await withApp("out_retention0", async (app, sql) => {
+    const ok = app.task("ok", () => "done");
+    const bad = app.task("bad", () => {
+      throw new Fail("no");
+    });
+    const again = app.task("again", { maxAttempts: 2, backoff: () => 60_000 }, () => {
+      throw new Error("later");
+    });
+    const ids = await ok.enqueueMany([{}, {}, {}]);
+    const [failed] = await bad.enqueueMany([{}]);
+    const [retried] = await again.enqueueMany([{}]);
+    // One batch of succeeded, failed and retried outcomes: the mixed path.
+    await drain(app);
+    const rows = await sql`select id::text as id, state from akadze.jobs order by id`;
+    assertEquals(rows.map((r) => [r.id, r.state]), [[failed, "failed"], [retried, "queued"]]);
+    assert(!ids.some((id) => rows.some((r) => r.id === id)));
+
+    // A cancel request on a running job wins over its success: cancelled, row kept.
+    const completer = new Completer(app.sql, app.schema, [], { deleteSucceeded: true });
+    const [id] = await ok.enqueueMany([{}]);
+    await sql`update akadze.jobs set state = 'running', run_count = 1, worker_id = 'w',
+              started_at = now(), cancel_requested_at = now() where id = ${id}`;
+    const result = await completer.write([{ id, runCount: 1, kind: "succeeded", result: 1 }]);
+    assertEquals(result.written.map((r) => [r.id, r.state]), [[id, "cancelled"]]);
+    // One statement pair for a mixed batch: the success deleted, the failure written.
+    const [a, b] = await ok.enqueueMany([{}, {}]);
+    await sql`update akadze.jobs set state = 'running', run_count = 1, worker_id = 'w',
+              started_at = now() where id in (${a}, ${b})`;
+    const mixed = await completer.write([
+      { id: a, runCount: 1, kind: "succeeded" },
+      { id: b, runCount: 1, kind: "fail", error: { error: "E", message: "m" } },
+    ]);
+    assertEquals(mixed.written.map((r) => [r.id, r.state]), [[a, "succeeded"], [b, "failed"]]);
+    const left = await sql`select id::text as id from akadze.jobs where id in (${a}, ${b})`;
+    assertEquals(left.map((r) => r.id), [b]);
+    // A stale run deletes nothing.
+    const [other] = await ok.enqueueMany([{}]);
+    await sql`update akadze.jobs set state = 'running', run_count = 2, worker_id = 'w2',
+              started_at = now() where id = ${other}`;
+    const stale = await completer.write([{ id: other, runCount: 1, kind: "succeeded" }]);
+    assertEquals([stale.written, stale.stale.map((o) => o.id)], [[], [other]]);
+    assertEquals((await job(sql, other)).state, "running");
+  }, { retention: 0 });
+});
+
 Deno.test("control exceptions from another copy of akadze are recognised by their brand", async () => {
   await withApp("out_brand", async (app, sql) => {
     // What a Snooze made by a second copy of the library looks like to this worker.

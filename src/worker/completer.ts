@@ -81,19 +81,31 @@ export class Completer {
   #full: string;
   #short: string;
 
-  /** Make a completer on a pool. */
-  constructor(sql: Sql, schema: string, hooks: readonly OnTransitionHook[]) {
+  #delete: string | null;
+
+  /**
+   * Make a completer on a pool. With `deleteSucceeded` (the app's `retention: 0`, no
+   * onTransition hooks), a succeeded job's row is deleted instead of marked succeeded.
+   */
+  constructor(
+    sql: Sql,
+    schema: string,
+    hooks: readonly OnTransitionHook[],
+    options: { deleteSucceeded?: boolean } = {},
+  ) {
     this.#sql = sql;
     this.#hooks = hooks;
-    this.#full = completeStatement(quoteSchema(schema), JOB_RETURNING);
-    this.#short = completeStatement(
-      quoteSchema(schema),
-      "j.id::text as id, j.state, j.attempt, j.run_at",
-    );
+    const s = quoteSchema(schema);
+    this.#full = completeStatement(s, JOB_RETURNING);
+    this.#short = completeStatement(s, SHORT_RETURNING);
+    this.#delete = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
   }
 
   /** Write a batch of outcomes (one statement without onTransition hooks). */
   async write(outcomes: readonly Outcome[]): Promise<CompleteResult> {
+    if (this.#delete !== null && outcomes.some((o) => o.kind === "succeeded")) {
+      return this.#result(outcomes, await this.#deleteAndUpdate(this.#delete, outcomes), []);
+    }
     const { rows, rolledBack } = await applyTransitions(
       this.#sql,
       this.#hooks,
@@ -101,10 +113,38 @@ export class Completer {
       () => "running",
       (tx, items) => this.#statement(tx, items, this.#hooks.length > 0),
     );
-    const done = new Set(rows.map((r) => r.id));
+    return this.#result(outcomes, rows, rolledBack);
+  }
+
+  /**
+   * `retention: 0`: delete the succeeded runs' jobs, then write the other outcomes (and a
+   * succeeded run whose job has a cancel request: it ends cancelled). A batch that needs
+   * both statements runs them in one transaction, so a retry repeats both.
+   */
+  async #deleteAndUpdate(text: string, outcomes: readonly Outcome[]): Promise<WrittenRow[]> {
+    const succeeded = outcomes.filter((o) => o.kind === "succeeded");
+    const run = async (tx: Sql | TransactionSql) => {
+      const deleted = await tx.unsafe(text, [
+        succeeded.map((o) => o.id),
+        succeeded.map((o) => o.runCount),
+      ] as never) as unknown as WrittenRow[];
+      const gone = new Set(deleted.map((r) => r.id));
+      const rest = outcomes.filter((o) => !gone.has(o.id));
+      return rest.length === 0 ? deleted : [...deleted, ...await this.#statement(tx, rest, false)];
+    };
+    const mixed = succeeded.length < outcomes.length;
+    return mixed ? await this.#sql.begin(run) as WrittenRow[] : await run(this.#sql);
+  }
+
+  #result(
+    outcomes: readonly Outcome[],
+    written: WrittenRow[],
+    rolledBack: { item: Outcome; error: unknown }[],
+  ): CompleteResult {
+    const done = new Set(written.map((r) => r.id));
     const failed = new Set(rolledBack.map((r) => r.item));
     return {
-      written: rows,
+      written,
       stale: outcomes.filter((o) => !done.has(o.id) && !failed.has(o)),
       rolledBack,
     };
@@ -176,6 +216,22 @@ const NEXT_STATE = `(case when j.cancel_requested_at is not null then 'cancelled
   when o.kind in ('retry', 'fail') then 'failed'
   when o.kind in ('snooze', 'release') then 'queued'
   else 'cancelled' end)`;
+
+/** The RETURNING of a batch write without hooks: a {@linkcode WrittenRow}. */
+const SHORT_RETURNING = "j.id::text as id, j.state, j.attempt, j.run_at";
+
+/**
+ * Delete succeeded runs' jobs (`retention: 0`), fenced like the UPDATE; a job with a cancel
+ * request is left to the UPDATE, which ends it cancelled.
+ */
+function deleteStatement(s: string): string {
+  return `
+    delete from ${s}.jobs j
+     using unnest($1::bigint[], $2::int[]) as o(id, run_count)
+     where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
+       and j.cancel_requested_at is null
+    returning j.id::text as id, 'succeeded'::text as state, j.attempt, j.run_at`;
+}
 
 function completeStatement(s: string, returning: string): string {
   // One UPDATE ... FROM: the fence is its WHERE, re-checked on the latest row version

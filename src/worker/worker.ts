@@ -48,7 +48,7 @@ const PRUNE_EVERY = 60_000;
 const OUTCOME_BATCH = 500;
 const DB_BACKOFF_MAX = 30_000;
 const RELEASE_TIMEOUT = 5_000;
-/** How often a busy worker runs the cancel pass (an idle one runs it on every poll). */
+/** How often the claim pass also cancels queued jobs with a cancel request or expiry. */
 const CANCEL_EVERY = 1_000;
 
 interface Running {
@@ -146,7 +146,9 @@ export class Worker {
       tasks: [...app.tasks.keys()],
       hooks,
     });
-    this.#completer = new Completer(app.sql, app.schema, hooks);
+    this.#completer = new Completer(app.sql, app.schema, hooks, {
+      deleteSucceeded: app.retention === 0,
+    });
     const password = (app.sql.options as { pass?: unknown }).pass;
     this.#executor = new Executor(
       app,
@@ -305,8 +307,9 @@ export class Worker {
         // Idle before the claim: no outcome written during it can have made a job ready.
         idle = this.#inflight.size + this.#unwritten.size === 0;
         if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
-        // After the claim, so it never delays a job; every pass when idle or in batch mode.
-        if (!full || config.batch || performance.now() >= nextCancel) {
+        // After the claim, so it never delays a job, and at most once a second (every pass
+        // in batch mode), so it does not hold up the claim that the next NOTIFY asks for.
+        if (config.batch || performance.now() >= nextCancel) {
           nextCancel = performance.now() + CANCEL_EVERY;
           const result = await this.#claimer.cancel(config.queues);
           for (const row of result.cancelled) this.#logState(row, "queued");
