@@ -186,6 +186,12 @@ const AKADZE_CONFIGS: {
     app: { jit: false },
     worker: { slots: 500 },
   },
+  {
+    key: "akadze-r0",
+    label: "akadze (slots 500, jit=off pool, retention 0)",
+    app: { jit: false, retention: 0 },
+    worker: { slots: 500 },
+  },
   { key: "akadze-jit", label: "akadze (slots 500, default pool)", app: {}, worker: { slots: 500 } },
   {
     key: "akadze-s50",
@@ -676,6 +682,17 @@ function targetsOf(
       (v, r) => v >= 1.3 * r,
       (v, r) => v / r,
     );
+    if (summary["akadze-r0"]) {
+      // Same semantics as graphile-worker, which deletes a job when it succeeds.
+      add(
+        "drain jobs/s ≥ 1.3 × better peer, akadze with retention 0",
+        med(summary["akadze-r0"], "drain_jobs_per_s"),
+        drain.v,
+        drain.who,
+        (v, r) => v >= 1.3 * r,
+        (v, r) => v / r,
+      );
+    }
     const p50 = better("lat_p50_ms", false);
     const peerP95 = med(p50.who === "pg-boss" ? b : g, "lat_p95_ms");
     add(

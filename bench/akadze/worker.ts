@@ -21,7 +21,7 @@ export interface WorkerSpec {
    * Options of the app's pool. `jit: false` opens the pool itself (postgres.js, with
    * connect()'s defaults) with the session setting jit=off and hands it to the app as `sql`.
    */
-  app: { max?: number; prepare?: boolean; jit?: boolean };
+  app: { max?: number; prepare?: boolean; jit?: boolean; retention?: number };
   worker: WorkerOptions;
   /** How many Worker instances share the process (and the app's pool). Default 1. */
   instances?: number;
@@ -33,7 +33,7 @@ const spec: WorkerSpec = JSON.parse(Deno.args[0]);
 const send = (message: Record<string, unknown>) => console.log(JSON.stringify(message));
 const wallMs = () => performance.timeOrigin + performance.now();
 
-const { jit, ...appOptions } = spec.app;
+const { jit, retention, ...appOptions } = spec.app;
 const ownSql = jit === false
   ? postgres(spec.url, {
     max: appOptions.max ?? 10,
@@ -46,8 +46,8 @@ const ownSql = jit === false
   })
   : undefined;
 const app = ownSql
-  ? new Akadze({ sql: ownSql })
-  : new Akadze({ databaseUrl: spec.url, ...appOptions });
+  ? new Akadze({ sql: ownSql, retention })
+  : new Akadze({ databaseUrl: spec.url, ...appOptions, retention });
 let started = 0;
 let allStarted!: () => void;
 const everyJobStarted = new Promise<void>((resolve) => allStarted = resolve);
