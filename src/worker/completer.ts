@@ -35,18 +35,18 @@ export interface Outcome {
 }
 
 /**
- * A written job as the batch write returns it without onTransition hooks (with hooks, the
- * whole {@linkcode JobRow}): only what the worker logs, so the rows cost little to send.
+ * A written job as the batch write reports it: only what the worker logs, so the rows
+ * cost little to send and decode.
  */
 export interface WrittenRow {
   /** Job id. */
   id: string;
   /** The new state. */
   state: JobState;
-  /** Attempts spent. */
-  attempt: number;
-  /** When it is ready again (queued) or was last ready. */
-  run_at: Date;
+  /** Attempts spent (absent when unchanged: a deleted succeeded job). */
+  attempt?: number;
+  /** When a queued job is ready again, epoch milliseconds (absent when deleted). */
+  runAt?: number;
 }
 
 /** The result of writing outcomes. */
@@ -79,7 +79,7 @@ export class Completer {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
   #full: string;
-  #short: string;
+  #shortText: string;
 
   #delete: string | null;
 
@@ -97,7 +97,7 @@ export class Completer {
     this.#hooks = hooks;
     const s = quoteSchema(schema);
     this.#full = completeStatement(s, JOB_RETURNING);
-    this.#short = completeStatement(s, SHORT_RETURNING);
+    this.#shortText = completeStatement(s, SHORT_RETURNING);
     this.#delete = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
   }
 
@@ -106,14 +106,27 @@ export class Completer {
     if (this.#delete !== null && outcomes.some((o) => o.kind === "succeeded")) {
       return this.#result(outcomes, await this.#deleteAndUpdate(this.#delete, outcomes), []);
     }
+    if (this.#hooks.length === 0) return this.#result(outcomes, await this.#short(outcomes), []);
     const { rows, rolledBack } = await applyTransitions(
       this.#sql,
       this.#hooks,
       outcomes,
       () => "running",
-      (tx, items) => this.#statement(tx, items, this.#hooks.length > 0),
+      (tx, items) => this.#statement(tx, items),
     );
-    return this.#result(outcomes, rows, rolledBack);
+    const written = rows.map((r) => ({
+      id: r.id,
+      state: r.state,
+      attempt: r.attempt,
+      runAt: r.run_at.getTime(),
+    }));
+    return this.#result(outcomes, written, rolledBack);
+  }
+
+  /** The batch UPDATE without hooks, read as arrays of {@linkcode SHORT_RETURNING}. */
+  async #short(outcomes: readonly Outcome[], tx: Sql | TransactionSql = this.#sql) {
+    const rows = await tx.unsafe(this.#shortText, params(outcomes)).values();
+    return rows.map((v): WrittenRow => ({ id: v[0], state: v[1], attempt: v[2], runAt: v[3] }));
   }
 
   /**
@@ -123,14 +136,15 @@ export class Completer {
    */
   async #deleteAndUpdate(text: string, outcomes: readonly Outcome[]): Promise<WrittenRow[]> {
     const succeeded = outcomes.filter((o) => o.kind === "succeeded");
-    const run = async (tx: Sql | TransactionSql) => {
-      const deleted = await tx.unsafe(text, [
+    const run = async (tx: Sql | TransactionSql): Promise<WrittenRow[]> => {
+      const ids = await tx.unsafe(text, [
         succeeded.map((o) => o.id),
         succeeded.map((o) => o.runCount),
-      ] as never) as unknown as WrittenRow[];
+      ] as never).values();
+      const deleted = ids.map((v): WrittenRow => ({ id: v[0], state: "succeeded" }));
+      if (deleted.length === outcomes.length) return deleted;
       const gone = new Set(deleted.map((r) => r.id));
-      const rest = outcomes.filter((o) => !gone.has(o.id));
-      return rest.length === 0 ? deleted : [...deleted, ...await this.#statement(tx, rest, false)];
+      return [...deleted, ...await this.#short(outcomes.filter((o) => !gone.has(o.id)), tx)];
     };
     const mixed = succeeded.length < outcomes.length;
     return mixed ? await this.#sql.begin(run) as WrittenRow[] : await run(this.#sql);
@@ -155,38 +169,35 @@ export class Completer {
    * null when the run no longer owns the job.
    */
   async writeIn(tx: TransactionSql, outcome: Outcome): Promise<JobRow | null> {
-    const [row] = await this.#statement(tx, [outcome], true);
+    const [row] = await this.#statement(tx, [outcome]);
     return row ?? null;
   }
 
-  async #statement(
-    tx: Sql | TransactionSql,
-    outcomes: readonly Outcome[],
-    full: boolean,
-  ): Promise<JobRow[]> {
-    // Parallel arrays (unnest): planned in a fraction of the time a JSON document takes.
-    const n = outcomes.length;
-    const ids = new Array<string>(n);
-    const runCounts = new Array<number>(n);
-    const kinds = new Array<string>(n);
-    const results = new Array<string | null>(n);
-    const errors = new Array<string | null>(n);
-    const delays = new Array<number | null>(n);
-    for (let i = 0; i < n; i++) {
-      const o = outcomes[i];
-      ids[i] = o.id;
-      runCounts[i] = o.runCount;
-      kinds[i] = o.kind;
-      results[i] = o.kind === "succeeded" && o.result != null ? JSON.stringify(o.result) : null;
-      errors[i] = o.error ? JSON.stringify(o.error) : null;
-      delays[i] = o.delayMs ?? null;
-    }
-    const rows = await tx.unsafe(
-      full ? this.#full : this.#short,
-      [ids, runCounts, kinds, results, errors, delays] as never,
-    );
-    return [...rows] as unknown as JobRow[];
+  async #statement(tx: Sql | TransactionSql, outcomes: readonly Outcome[]): Promise<JobRow[]> {
+    return [...await tx.unsafe(this.#full, params(outcomes))] as unknown as JobRow[];
   }
+}
+
+/** The parameters of the outcome UPDATE: parallel arrays, one element per outcome. */
+function params(outcomes: readonly Outcome[]): never {
+  // Arrays for unnest: planned in a fraction of the time a JSON document takes.
+  const n = outcomes.length;
+  const ids = new Array<string>(n);
+  const runCounts = new Array<number>(n);
+  const kinds = new Array<string>(n);
+  const results = new Array<string | null>(n);
+  const errors = new Array<string | null>(n);
+  const delays = new Array<number | null>(n);
+  for (let i = 0; i < n; i++) {
+    const o = outcomes[i];
+    ids[i] = o.id;
+    runCounts[i] = o.runCount;
+    kinds[i] = o.kind;
+    results[i] = o.kind === "succeeded" && o.result != null ? JSON.stringify(o.result) : null;
+    errors[i] = o.error ? JSON.stringify(o.error) : null;
+    delays[i] = o.delayMs ?? null;
+  }
+  return [ids, runCounts, kinds, results, errors, delays] as never;
 }
 
 /** Retry `write` while it fails transiently, with capped exponential backoff. */
@@ -218,7 +229,7 @@ const NEXT_STATE = `(case when j.cancel_requested_at is not null then 'cancelled
   else 'cancelled' end)`;
 
 /** The RETURNING of a batch write without hooks: a {@linkcode WrittenRow}. */
-const SHORT_RETURNING = "j.id::text as id, j.state, j.attempt, j.run_at";
+const SHORT_RETURNING = "j.id::text, j.state, j.attempt, date_part('epoch', j.run_at) * 1000";
 
 /**
  * Delete succeeded runs' jobs (`retention: 0`), fenced like the UPDATE; a job with a cancel
@@ -230,7 +241,7 @@ function deleteStatement(s: string): string {
      using unnest($1::bigint[], $2::int[]) as o(id, run_count)
      where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
        and j.cancel_requested_at is null
-    returning j.id::text as id, 'succeeded'::text as state, j.attempt, j.run_at`;
+    returning j.id::text`;
 }
 
 function completeStatement(s: string, returning: string): string {

@@ -60,8 +60,9 @@ interface Running {
 interface PendingOutcome {
   outcome: Outcome;
   /** For the log lines (absent for an orphan release). */
-  job?: { task: string; queue: string };
-  resolve: () => void;
+  job?: { task: string; queue: string; attempt: number };
+  /** Called once the outcome is written, discarded or left to the lease. */
+  done: () => void;
 }
 
 /**
@@ -101,7 +102,8 @@ export class Worker {
    * Jobs whose handler is done but whose outcome is not written yet. Their slots are free
    * (the next claim overlaps the write), but they still run in the database's eyes.
    */
-  #unwritten = new Map<string, Promise<void>>();
+  #unwritten = new Set<string>();
+  #allWritten: (() => void)[] = [];
   #releasing = new Set<string>();
   #flushing: Promise<void> | null = null;
   #claims = 0;
@@ -347,7 +349,7 @@ export class Worker {
     try {
       // No claim runs during a beat, so what it reports running and this set lacks is
       // not ours to finish (see #releaseOrphans).
-      const known = new Set([...this.#inflight.keys(), ...this.#unwritten.keys()]);
+      const known = new Set([...this.#inflight.keys(), ...this.#unwritten]);
       const beat = await this.#heartbeat.runOnce();
       if (beat.registered && this.#beatOk === false && this.#heartbeat.lastSuccess !== null) {
         this.#log.debug("worker {workerId} registered", {
@@ -427,22 +429,37 @@ export class Worker {
   #start(row: ClaimedJob): void {
     this.#claims++;
     const execution = this.#executor.start(row);
-    const done = execution.outcome.then(async (outcome) => {
-      // The slot is free once the handler is done: the next claim overlaps this write.
-      const wasFull = this.#isFull(row.queue) || this.#writeRoom() <= 0;
-      this.#inflight.delete(row.id);
-      this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
-      // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
-      if (wasFull || this.config.batch || this.#draining) this.#wakeUp();
-      if (!outcome) return;
-      const written = this.#write(outcome, row);
-      this.#unwritten.set(row.id, written);
-      await written;
-      this.#unwritten.delete(row.id);
-      if (this.#writeRoom() === 1 || this.config.batch) this.#wakeUp();
-    });
+    const done = execution.outcome.then((outcome) => this.#finished(row, outcome));
     this.#inflight.set(row.id, { execution, queue: row.queue, done });
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
+  }
+
+  /** A run is over: free its slot and queue its outcome (the next claim overlaps the write). */
+  #finished(row: ClaimedJob, outcome: Outcome | null): void {
+    const wasFull = this.#isFull(row.queue) || this.#writeRoom() <= 0;
+    this.#inflight.delete(row.id);
+    this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
+    // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
+    if (wasFull || this.config.batch || this.#draining) this.#wakeUp();
+    if (!outcome) return;
+    this.#unwritten.add(row.id);
+    this.#pending.push({ outcome, job: row, done: () => this.#written(row.id) });
+    this.#scheduleFlush();
+  }
+
+  /** An outcome was written (or discarded, or left to the lease). */
+  #written(id: string): void {
+    this.#unwritten.delete(id);
+    if (this.#writeRoom() === 1 || this.config.batch) this.#wakeUp();
+    if (this.#unwritten.size === 0) {
+      for (const resolve of this.#allWritten.splice(0)) resolve();
+    }
+  }
+
+  /** Resolves once no outcome waits for its write. */
+  #untilAllWritten(): Promise<void> {
+    if (this.#unwritten.size === 0) return Promise.resolve();
+    return new Promise((resolve) => this.#allWritten.push(resolve));
   }
 
   /**
@@ -480,9 +497,9 @@ export class Worker {
   }
 
   /** Queue an outcome for the completer; resolves once written or discarded. */
-  #write(outcome: Outcome, job?: { task: string; queue: string }): Promise<void> {
-    return new Promise((resolve) => {
-      this.#pending.push({ outcome, job, resolve });
+  #write(outcome: Outcome): Promise<void> {
+    return new Promise((done) => {
+      this.#pending.push({ outcome, done });
       this.#scheduleFlush();
     });
   }
@@ -522,7 +539,7 @@ export class Worker {
       });
     } catch (error) {
       if (this.#abandon.signal.aborted) {
-        for (const p of batch) p.resolve(); // left to the lease
+        for (const p of batch) p.done(); // left to the lease
         return;
       }
       if (batch.length > 1) {
@@ -546,7 +563,7 @@ export class Worker {
         jobId: p.outcome.id,
         message: describeError(error),
       });
-      p.resolve();
+      p.done();
       return;
     }
     const byId = new Map(batch.map((p) => [p.outcome.id, p]));
@@ -554,7 +571,7 @@ export class Worker {
     for (const row of result.written) {
       const p = byId.get(row.id);
       if (log || row.state === "failed") this.#logState(row, "running", p?.outcome, p?.job);
-      p?.resolve();
+      p?.done();
     }
     for (const outcome of result.stale) {
       this.#log.warn("outcome of job {jobId} discarded: the run no longer owns the job", {
@@ -563,7 +580,7 @@ export class Worker {
         runCount: outcome.runCount,
         kind: outcome.kind,
       });
-      byId.get(outcome.id)?.resolve();
+      byId.get(outcome.id)?.done();
     }
     for (const { item, error } of result.rolledBack) {
       this.#log.warn("onTransition hook failed for job {jobId}; retrying: {message}", {
@@ -574,22 +591,22 @@ export class Worker {
       const p = byId.get(item.id);
       if (!p) continue;
       await new Promise((r) => setTimeout(r, 1_000));
-      if (this.#abandon.signal.aborted) p.resolve();
+      if (this.#abandon.signal.aborted) p.done();
       else this.#pending.push(p);
     }
   }
 
   #logState(
-    row: WrittenRow & Partial<JobRow>,
+    row: WrittenRow & { task?: string; queue?: string },
     from: string,
     outcome?: Outcome,
-    job?: { task: string; queue: string },
+    job?: { task: string; queue: string; attempt: number },
   ): void {
     const props = {
       jobId: row.id,
       task: row.task ?? job?.task,
       queue: row.queue ?? job?.queue,
-      attempt: row.attempt,
+      attempt: row.attempt ?? job?.attempt,
       from,
     };
     switch (row.state) {
@@ -608,7 +625,7 @@ export class Worker {
         return this.#log.info(`job {jobId} ${event.slice(4)}`, {
           event,
           ...props,
-          runAt: row.run_at.toISOString(),
+          runAt: row.runAt === undefined ? undefined : new Date(row.runAt).toISOString(),
         });
       }
     }
@@ -653,7 +670,7 @@ export class Worker {
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
     // The runs' own outcomes, then every outcome still waiting for its write.
     await this.#untilReleased(
-      Promise.all(remaining.map((r) => r.done)).then(() => Promise.all(this.#unwritten.values())),
+      Promise.all(remaining.map((r) => r.done)).then(() => this.#untilAllWritten()),
     );
     clearTimeout(timer);
   }
