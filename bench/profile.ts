@@ -9,11 +9,10 @@
 //     syncs (pg_stat_wal) and the CPU time of the worker process and of the server;
 //  B. EXPLAIN ANALYZEs the claim and outcome statements of src/worker (their exact text,
 //     taken from Claimer and Completer) for 1, 50 and 500 jobs with --queued jobs, with JIT
-//     on and off, next to the alternatives proposed in bench/README.md, also with 1,000,000
-//     succeeded rows retained;
+//     on and off, also with 1,000,000 succeeded rows retained;
 //  C. records a V8 CPU profile of the worker process during one drain (self time by function);
 //  D. measures the enqueue INSERT (5,000 rows and one row) in PostgreSQL and from Deno, next
-//     to variants without ON CONFLICT and with RETURNING id only.
+//     to the same statement sent raw and a plain INSERT.
 // Writes <out>.json and <out>.md.
 import postgres from "postgres";
 import { Akadze, migrate } from "../mod.ts";
@@ -85,73 +84,20 @@ const claimer = new Claimer(capture, {
   hooks: [],
 });
 const claimText = (await captured(() => claimer.claim([{ queue: "default", slots: 1 }], 1))).text;
-const claimParams = (k: number) => [["default"], [k], ["noop", "lat"], k, 0, 500, [], "profile"];
+// The one-queue claim: queue, tasks, how many, excluded ids, worker id.
+const claimParams = (k: number) => ["default", ["noop", "lat"], k, [], "profile"];
 const completer = new Completer(capture, "akadze", []);
 const completeText =
   (await captured(() =>
     completer.write([{ id: "1", runCount: 1, kind: "succeeded", result: null }])
   )).text;
+// The outcome UPDATE's parallel arrays: ids, run counts, kinds, results, errors, delays.
 const completeParams = (outcomes: Outcome[]) => [
-  JSON.stringify(outcomes.map((o) => ({
-    id: o.id,
-    run_count: o.runCount,
-    kind: o.kind,
-    result: null,
-    error: null,
-    delay_ms: null,
-  }))),
-];
-
-// Proposed alternatives (bench/README.md): the claim updates the rows it locked by ctid
-// (a TID scan, never a join with the table), and succeeded outcomes are written with
-// unnest arrays in a single UPDATE without a separate FOR UPDATE pass.
-function ctidVariant(text: string): string | null {
-  const swaps: [string, string][] = [
-    ["select r.id from (", "select r.id, r.ctid from ("],
-    ["select x.id, q.ord,", "select x.id, x.ctid, q.ord,"],
-    ["select c.id, c.priority, c.run_at from", "select c.id, c.ctid, c.priority, c.run_at from"],
-    [
-      "from candidates where j.id = candidates.id",
-      "where j.ctid = any(array(select ctid from candidates))",
-    ],
-  ];
-  for (const [from, to] of swaps) {
-    if (!text.includes(from)) return null;
-    text = text.replace(from, to);
-  }
-  return text;
-}
-const claimCtidText = ctidVariant(claimText);
-// The per-queue LIMIT as a plan-time value (one queue: LIMIT $4, the total). With
-// `least(q.n, $4)` the planner cannot see the number and assumes a tenth of the queue: the
-// estimated cost grows with the queue until it passes jit_above_cost.
-const claimLimitText = claimText.includes("limit least(q.n, $4)")
-  ? claimText.replace("limit least(q.n, $4)", "limit $4")
-  : null;
-// The pause check once per queue (an InitPlan, `p.queue = q.name`) instead of per row
-// (`p.queue = c.queue`, an anti join estimated at one row, which hides the LIMIT from the
-// planner: it costs the scan of every queued row, so JIT compiles it, and with many rows
-// it picks a bitmap scan of the whole queue).
-const claimPauseText = claimText.includes("p.queue = c.queue")
-  ? claimText.replace(
-    /(cross join lateral \([\s\S]*?)p\.queue = c\.queue/,
-    "$1p.queue = q.name",
-  )
-  : null;
-const returning = /returning (j\.id::text as id[\s\S]*?j\.state)/.exec(completeText)?.[1] ??
-  "j.id::text as id, j.state";
-const completeUnnestText = `
-  update "akadze".jobs j set
-    state = case when j.cancel_requested_at is null then 'succeeded' else 'cancelled' end,
-    result = case when j.cancel_requested_at is null then o.result end,
-    worker_id = null,
-    finished_at = now()
-  from unnest($1::bigint[], $2::int[], $3::jsonb[]) as o(id, run_count, result)
-  where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
-  returning ${returning}`;
-const unnestParams = (outcomes: Outcome[]) => [
   outcomes.map((o) => o.id),
   outcomes.map((o) => o.runCount),
+  outcomes.map(() => "succeeded"),
+  outcomes.map(() => null),
+  outcomes.map(() => null),
   outcomes.map(() => null),
 ];
 
@@ -344,20 +290,11 @@ async function explainSet(sql: postgres.Sql, label: string, ks: number[]) {
     setup?: (tx: postgres.TransactionSql, k: number) => Promise<unknown[]>;
   }[] = [
     { name: "claim (src)", text: claimText, params: claimParams },
-    { name: "claim, update by ctid (proposal)", text: claimCtidText, params: claimParams },
-    { name: "claim, LIMIT $4 (proposal, one queue)", text: claimLimitText, params: claimParams },
-    { name: "claim, pause check per queue (proposal)", text: claimPauseText, params: claimParams },
     {
       name: "complete (src)",
       text: completeText,
       params: () => [],
       setup: async (tx, k) => completeParams(await claimedRows(tx, k)),
-    },
-    {
-      name: "complete, unnest arrays (proposal)",
-      text: completeUnnestText,
-      params: () => [],
-      setup: async (tx, k) => unnestParams(await claimedRows(tx, k)),
     },
   ];
   for (const c of cases) {
@@ -449,33 +386,6 @@ if (PARTS.has("D")) {
   const rows = (n: number) => Array.from({ length: n }, (_, i) => ({ id: i }));
   const bulk = await captured(() => fakeTask.enqueueMany(rows(5000)));
   const one = await captured(() => fakeTask.enqueue({ id: 1 }));
-  const noConflict = (t: string) => t.replace(/on conflict[\s\S]*?do nothing/, "");
-  const idOnly = (t: string) =>
-    t.replace(/returning id::text as id,[\s\S]*?args\)/, "returning id::text as id, queue)");
-  const variants: [string, (t: string) => string][] = [
-    ["insert (src)", (t) => t],
-    ["without ON CONFLICT (no uniqueKey in the batch)", noConflict],
-    ["RETURNING id only (no onEnqueue hooks)", idOnly],
-    ["both", (t) => idOnly(noConflict(t))],
-  ];
-  // enqueueMany shares every column but args across the batch: send those once and the
-  // arguments as an array, instead of one JSON document with every column of every row.
-  const shared = JSON.parse(bulk.params[0] as string)[0];
-  const argsArrayText = `
-    with ins as (
-      insert into "akadze".jobs (task, queue, priority, args, max_attempts, run_at)
-      select $1, $2, $3, a::jsonb, $4, now() from unnest($5::text[]) a
-      returning id, queue),
-    notified as (select pg_notify($6, string_agg(distinct queue, ',')) from ins having count(*) > 0)
-    select ins.id::text as id from ins cross join (select count(*) from notified) n order by ins.id`;
-  const argsArrayParams = [
-    shared.task,
-    shared.queue,
-    shared.priority,
-    shared.max_attempts,
-    rows(5000).map((a) => JSON.stringify(a)),
-    bulk.params[1],
-  ];
   await admin`create database profile_enqueue`;
   const eq = postgres(dbUrl("profile_enqueue"), { max: 1, onnotice: () => {} });
   await migrate(eq);
@@ -488,50 +398,24 @@ if (PARTS.has("D")) {
     "|---|---:|---:|---:|---:|---:|",
   );
   const enqueueResults: Record<string, unknown>[] = [];
-  const argsReps: Explained[] = [];
-  for (let i = 0; i < REPS; i++) {
-    argsReps.push(
-      await explain(eq, argsArrayText, argsArrayParams, () => Promise.resolve(null), true),
-    );
-  }
   for (const [label, params, n] of [["bulk", bulk, 5000], ["single", one, 1]] as const) {
-    for (const [name, change] of variants) {
-      const reps: Explained[] = [];
-      for (let i = 0; i < REPS; i++) {
-        reps.push(
-          await explain(eq, change(params.text), params.params, () => Promise.resolve(null), true),
-        );
-      }
-      const med = (f: (e: Explained) => number) => summarize(reps.map(f)).median ?? NaN;
-      const r = {
-        case: label,
-        statement: name,
-        rows: n,
-        planning_ms: med((e) => e.planning),
-        execution_ms: med((e) => e.execution),
-        wal_per_row: med((e) => e.walBytes) / n,
-      };
-      enqueueResults.push(r);
-      md.push(
-        `| ${name} | ${n} | ${fmt(r.planning_ms, 2)} | ${fmt(r.execution_ms, 2)} | ` +
-          `${fmt(r.execution_ms / n * 1000, 1)} | ${fmt(r.wal_per_row)} |`,
-      );
+    const reps: Explained[] = [];
+    for (let i = 0; i < REPS; i++) {
+      reps.push(await explain(eq, params.text, params.params, () => Promise.resolve(null), true));
     }
-  }
-  {
-    const med = (f: (e: Explained) => number) => summarize(argsReps.map(f)).median ?? NaN;
+    const med = (f: (e: Explained) => number) => summarize(reps.map(f)).median ?? NaN;
     const r = {
-      case: "bulk",
-      statement: "shared columns once, args as text[] (unnest), RETURNING id",
-      rows: 5000,
+      case: label,
+      statement: "insert (src)",
+      rows: n,
       planning_ms: med((e) => e.planning),
       execution_ms: med((e) => e.execution),
-      wal_per_row: med((e) => e.walBytes) / 5000,
+      wal_per_row: med((e) => e.walBytes) / n,
     };
     enqueueResults.push(r);
     md.push(
-      `| ${r.statement} | 5000 | ${fmt(r.planning_ms, 2)} | ${fmt(r.execution_ms, 2)} | ` +
-        `${fmt(r.execution_ms / 5, 1)} | ${fmt(r.wal_per_row)} |`,
+      `| insert (src) | ${n} | ${fmt(r.planning_ms, 2)} | ${fmt(r.execution_ms, 2)} | ` +
+        `${fmt(r.execution_ms / n * 1000, 1)} | ${fmt(r.wal_per_row)} |`,
     );
   }
   // End to end, committed: the task API vs the same statement sent raw vs a plain INSERT.
@@ -546,14 +430,6 @@ if (PARTS.has("D")) {
   const e2e = {
     bulk_enqueueMany_ms: await wall(REPS, () => task.enqueueMany(payload)),
     bulk_raw_statement_ms: await wall(REPS, () => eq.unsafe(bulk.text, bulk.params as never[])),
-    bulk_raw_both_variants_ms: await wall(
-      REPS,
-      () => eq.unsafe(idOnly(noConflict(bulk.text)), bulk.params as never[]),
-    ),
-    bulk_raw_args_array_ms: await wall(
-      REPS,
-      () => eq.unsafe(argsArrayText, argsArrayParams as never[]),
-    ),
     single_enqueue_ms: await wall(300, (i) => task.enqueue({ id: i })),
     single_raw_statement_ms: await wall(300, () => eq.unsafe(one.text, one.params as never[])),
     single_plain_insert_notify_ms: await wall(
@@ -570,9 +446,7 @@ if (PARTS.has("D")) {
     "",
     "Wall time per call from Deno, committed (fsync on): " +
       `enqueueMany(5,000) ${fmt(e2e.bulk_enqueueMany_ms, 1)} ms vs the same statement sent raw ` +
-      `${fmt(e2e.bulk_raw_statement_ms, 1)} ms vs without ON CONFLICT and RETURNING id only ` +
-      `${fmt(e2e.bulk_raw_both_variants_ms, 1)} ms vs shared columns once + args array ` +
-      `${fmt(e2e.bulk_raw_args_array_ms, 1)} ms; enqueue(one) ` +
+      `${fmt(e2e.bulk_raw_statement_ms, 1)} ms; enqueue(one) ` +
       `${fmt(e2e.single_enqueue_ms, 2)} ms vs the same statement raw ` +
       `${fmt(e2e.single_raw_statement_ms, 2)} ms vs a plain INSERT ... RETURNING id with ` +
       `pg_notify ${fmt(e2e.single_plain_insert_notify_ms, 2)} ms.`,
