@@ -26,11 +26,15 @@ export type Interrupt = "timeout" | "cancel" | "shutdown";
 export interface Execution {
   /** The job. */
   readonly job: JobInfo;
-  /** Resolves to the outcome to write, or null when `completeTx` already wrote it. */
-  readonly outcome: Promise<Outcome | null>;
   /** Abort the run's signal and settle its outcome now (the handler may keep running). */
   interrupt(reason: Interrupt): void;
 }
+
+/**
+ * Receives a run's outcome, once: the outcome to write, or null when `completeTx` already
+ * wrote it. It may be called before `start` returns (a synchronous handler).
+ */
+export type OnOutcome = (outcome: Outcome | null) => void;
 
 /** The longest stored error message. */
 const MESSAGE_MAX = 500;
@@ -52,8 +56,11 @@ export class Executor {
       from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;
   }
 
-  /** Start running a claimed job. */
-  start(row: ClaimedJob): Execution {
+  /**
+   * Start running a claimed job; `onOutcome` gets its outcome. A handler that returns
+   * without a promise settles the run at once: no promise or context switch per job.
+   */
+  start(row: ClaimedJob, onOutcome: OnOutcome): Execution {
     const job = toJobInfo(row);
     const task = this.#app.tasks.get(row.task);
     const timeout = task?.timeout;
@@ -62,58 +69,87 @@ export class Executor {
       timeout === undefined ? null : new Date(Date.now() + timeout),
       (run, fn) => this.#completeTx(run, fn),
     );
-    // One promise settles the run: by the handler, or by an interrupt, whichever is first.
-    let settle!: (settled: Settled) => void;
-    const settled = new Promise<Settled>((resolve) => settle = resolve);
+    // Settled once: by the handler, or by an interrupt, whichever is first.
     let finished = false;
-    const interrupt = (reason: Interrupt) => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const finish = (settled: Settled) => {
       if (finished) return;
       finished = true;
-      ctx.abort(interruptError(reason, timeout));
-      settle(reason);
-    };
-    const timer = timeout === undefined
-      ? undefined
-      : setTimeout(() => interrupt("timeout"), timeout);
-    runWithContext(ctx, () => this.#run(task, row, job, ctx)).then(
-      (value) => settle({ ok: true, value }),
-      (error) => settle({ ok: false, error }),
-    );
-    const outcome = settled.then((settled): Outcome | null => {
-      finished = true;
       if (timer !== undefined) clearTimeout(timer);
-      const base = { id: job.id, runCount: job.runCount };
-      if (typeof settled === "string") {
-        if (settled === "timeout") {
-          return this.#failure(task, job, interruptError("timeout", timeout));
-        }
-        return { ...base, kind: settled === "cancel" ? "cancel" : "release" };
-      }
-      if (ctx.completed) return null;
-      if (settled.ok) {
-        const result = settled.value === undefined ? null : settled.value;
-        const problem = result === null ? null : jsonProblem(result, "result");
-        if (problem) {
-          return {
-            ...base,
-            kind: "fail",
-            error: { error: "ResultNotStorable", message: this.#message(problem) },
-          };
-        }
-        return { ...base, kind: "succeeded", result };
-      }
-      return this.#failure(task, job, settled.error);
-    });
-    return { job, outcome, interrupt };
+      onOutcome(this.#outcome(task, job, ctx, settled));
+    };
+    const interrupt = (reason: Interrupt) => {
+      if (finished) return;
+      ctx.abort(interruptError(reason, timeout));
+      finish(reason);
+    };
+    if (timeout !== undefined) timer = setTimeout(() => interrupt("timeout"), timeout);
+    let value: unknown;
+    try {
+      value = runWithContext(ctx, () => this.#run(task, row, job, ctx));
+    } catch (error) {
+      finish({ ok: false, error });
+      return { job, interrupt };
+    }
+    if (typeof (value as PromiseLike<unknown> | null)?.then === "function") {
+      Promise.resolve(value).then(
+        (value) => finish({ ok: true, value }),
+        (error) => finish({ ok: false, error }),
+      );
+    } else {
+      finish({ ok: true, value });
+    }
+    return { job, interrupt };
   }
 
-  async #run(
+  /** The outcome of a settled run (null when `completeTx` already wrote it). */
+  #outcome(
     task: AnyTask | undefined,
+    job: JobInfo,
+    ctx: RunContext,
+    settled: Settled,
+  ): Outcome | null {
+    if (typeof settled === "string") {
+      if (settled === "timeout") {
+        return this.#failure(task, job, interruptError("timeout", task?.timeout));
+      }
+      return {
+        id: job.id,
+        runCount: job.runCount,
+        kind: settled === "cancel" ? "cancel" : "release",
+      };
+    }
+    if (ctx.completed) return null;
+    if (!settled.ok) return this.#failure(task, job, settled.error);
+    const result = settled.value === undefined ? null : settled.value;
+    const problem = result === null ? null : jsonProblem(result, "result");
+    if (problem) {
+      return {
+        id: job.id,
+        runCount: job.runCount,
+        kind: "fail",
+        error: { error: "ResultNotStorable", message: this.#message(problem) },
+      };
+    }
+    return { id: job.id, runCount: job.runCount, kind: "succeeded", result };
+  }
+
+  /** Run the handler: a value, or a promise of one (a sync handler without hooks stays sync). */
+  #run(task: AnyTask | undefined, row: ClaimedJob, job: JobInfo, ctx: JobContext): unknown {
+    if (!task) throw new AkadzeError(`no task "${row.task}" is registered in this worker`);
+    const { beforeRun, afterRun } = this.#app.hooks;
+    if (!task.args && beforeRun.length === 0 && afterRun.length === 0) {
+      return task.handler(row.args as never, ctx);
+    }
+    return this.#runWithHooks(task, row, job, ctx);
+  }
+
+  async #runWithHooks(
+    task: AnyTask,
     row: ClaimedJob,
     job: JobInfo,
     ctx: JobContext,
   ): Promise<unknown> {
-    if (!task) throw new AkadzeError(`no task "${row.task}" is registered in this worker`);
     let args = row.args;
     if (task.args) {
       const result = await task.args["~standard"].validate(args);

@@ -52,9 +52,9 @@ const RELEASE_TIMEOUT = 5_000;
 const CANCEL_EVERY = 1_000;
 
 interface Running {
-  execution: Execution;
+  /** Null only while its start() has not returned. */
+  execution: Execution | null;
   queue: string;
-  done: Promise<void>;
 }
 
 interface PendingOutcome {
@@ -428,10 +428,12 @@ export class Worker {
 
   #start(row: ClaimedJob): void {
     this.#claims++;
-    const execution = this.#executor.start(row);
-    const done = execution.outcome.then((outcome) => this.#finished(row, outcome));
-    this.#inflight.set(row.id, { execution, queue: row.queue, done });
+    const run: Running = { execution: null, queue: row.queue };
+    this.#inflight.set(row.id, run);
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
+    // The outcome may come before start() returns (a synchronous handler).
+    const execution = this.#executor.start(row, (outcome) => this.#finished(row, outcome));
+    if (this.#inflight.get(row.id) === run) run.execution = execution;
   }
 
   /** A run is over: free its slot and queue its outcome (the next claim overlaps the write). */
@@ -493,7 +495,7 @@ export class Worker {
       event: "job_cancel_requested",
       jobId,
     });
-    run.execution.interrupt("cancel");
+    run.execution?.interrupt("cancel");
   }
 
   /** Queue an outcome for the completer; resolves once written or discarded. */
@@ -665,13 +667,10 @@ export class Worker {
    * waiting at most RELEASE_TIMEOUT; what cannot be written is left to the lease.
    */
   async #abandonRuns(): Promise<void> {
-    const remaining = [...this.#inflight.values()];
-    for (const run of remaining) run.execution.interrupt("shutdown");
+    // An interrupt settles its run at once: every outcome is then waiting for its write.
+    for (const run of [...this.#inflight.values()]) run.execution?.interrupt("shutdown");
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
-    // The runs' own outcomes, then every outcome still waiting for its write.
-    await this.#untilReleased(
-      Promise.all(remaining.map((r) => r.done)).then(() => this.#untilAllWritten()),
-    );
+    await this.#untilReleased(this.#untilAllWritten());
     clearTimeout(timer);
   }
 
