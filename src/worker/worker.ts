@@ -1,7 +1,8 @@
 /**
  * The worker: a loop around small services (heartbeat, rescuer, pruner, claimer,
- * executor, completer, listener). Each pass: heartbeat when due, rescue, prune about once
- * a minute, run due schedules, claim up to the free slots. See SPEC §6.
+ * executor, completer, listener). Each pass: heartbeat when due, rescue, start a prune
+ * about once a minute (it runs beside the loop), run due schedules, claim up to the free
+ * slots. See SPEC §6.
  *
  * @module
  */
@@ -106,6 +107,7 @@ export class Worker {
   #allWritten: (() => void)[] = [];
   #releasing = new Set<string>();
   #flushing: Promise<void> | null = null;
+  #pruning: Promise<void> | null = null;
   #claims = 0;
   #offset = 0;
   #running = false;
@@ -258,6 +260,7 @@ export class Worker {
     } finally {
       clearInterval(watchdog);
       options.signal?.removeEventListener("abort", onAbort);
+      await this.#pruning;
       await this.#listener.stop();
       removeGuard();
       this.#running = false;
@@ -298,12 +301,9 @@ export class Worker {
           nextRescue = now + config.heartbeatInterval;
           this.#logRescue(await this.#rescuer.runOnce());
         }
-        if (now >= nextPrune) {
+        if (now >= nextPrune && this.#pruning === null) {
           nextPrune = now + PRUNE_EVERY * (0.9 + 0.2 * Math.random());
-          const pruned = await this.#pruner.runOnce();
-          if (pruned.jobs + pruned.periodicRuns + pruned.limitStarts > 0) {
-            this.#log.debug("pruned {jobs} jobs", { event: "pruned", ...pruned });
-          }
+          this.#pruning = this.#prune().finally(() => this.#pruning = null);
         }
         for (const service of this.#services) await service.runOnce();
         // Idle before the claim: no outcome written during it can have made a job ready.
@@ -339,6 +339,24 @@ export class Worker {
       await this.#sleep(Math.min(poll, this.#nextBeat - performance.now()));
     }
     return { code: 0, reason: "stopped" };
+  }
+
+  /**
+   * One prune, off the claim path: deleting thousands of old rows takes a while and no
+   * claim needs to wait for it. A failure is logged; the next prune comes a minute later.
+   */
+  async #prune(): Promise<void> {
+    try {
+      const pruned = await this.#pruner.runOnce();
+      if (pruned.jobs + pruned.periodicRuns + pruned.limitStarts > 0) {
+        this.#log.debug("pruned {jobs} jobs", { event: "pruned", ...pruned });
+      }
+    } catch (error) {
+      this.#log.warn("prune failed: {message}", {
+        event: "prune_failed",
+        message: describeError(error),
+      });
+    }
   }
 
   /** Heartbeat when due; returns an exit when the lease is lost or the error is fatal. */
