@@ -605,3 +605,29 @@ Deno.test("drain runs jobs enqueued by jobs, leaves future jobs, and raises past
     assertMatch(error.message, /still ready/);
   });
 });
+
+Deno.test("four workers racing on one queue run every job exactly once", async () => {
+  await withApp("w_race", async (app, sql) => {
+    const runs = new Map<number, number>();
+    const t = app.task("t", async ({ n }) => {
+      runs.set(n as number, (runs.get(n as number) ?? 0) + 1);
+      if ((n as number) % 7 === 0) await new Promise((r) => setTimeout(r, 1));
+    });
+    const n = 2_000;
+    await t.enqueueMany(Array.from({ length: n }, (_, i) => ({ n: i })));
+    const workers = Array.from(
+      { length: 4 },
+      () => new Worker(app, { slots: 50, batch: true, pollInterval: 50, schedules: false }),
+    );
+    const exits = await Promise.all(workers.map((w) => w.run()));
+    assertEquals(exits.map((e) => e.code), [0, 0, 0, 0]);
+    assertEquals(runs.size, n);
+    assert([...runs.values()].every((count) => count === 1), "a job ran twice");
+    // Several workers took a share: the claims really raced.
+    const shares = workers.map((w) => w.claimed);
+    assert(shares.filter((c) => c > 0).length >= 2, shares.join(","));
+    const [{ succeeded }] = await sql`
+      select count(*) filter (where state = 'succeeded')::int as succeeded from akadze.jobs`;
+    assertEquals(succeeded, n);
+  });
+});
