@@ -558,6 +558,8 @@ try {
       });
     }
   };
+  /** Workers let go after a SIGSTOP: each will exit 1 once it notices its lost lease. */
+  const resumed = new Set<WorkerProcess>();
   const stopLoop = async () => {
     while (await pause(rng.stop.range(STOP_EVERY))) {
       const candidates = activeFleet.live().filter((w) => !w.stopped && w.endedBy === null);
@@ -576,6 +578,7 @@ try {
       await sleep(forMs);
       w.send("SIGCONT");
       w.stopped = false;
+      resumed.add(w);
       logFault({ at: Date.now(), kind: "cont", idx: w.idx, pid: w.pid });
     }
   };
@@ -695,7 +698,14 @@ try {
     } after ${secs(Date.now() - drainFrom)}`,
   );
 
-  // --- Stop every worker gracefully.
+  // --- Stop every worker gracefully. A worker resumed from a stop longer than its TTL exits 1
+  // by design (SPEC §5.10) about a second after its SIGCONT: when that SIGCONT came at the
+  // very end of the window, let it exit and its replacement start before the SIGTERMs.
+  const waking = activeFleet.live().filter((w) => resumed.has(w));
+  if (waking.length > 0) {
+    await Promise.race([Promise.all(waking.map((w) => w.done)), sleep(15_000)]);
+    await sleep(2_000);
+  }
   stopping = true;
   const finalStopFrom = Date.now();
   const finals = activeFleet.live();
