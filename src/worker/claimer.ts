@@ -1,8 +1,8 @@
 /**
  * The claimer: claims ready jobs into the free slots in one statement (`FOR UPDATE SKIP
  * LOCKED`, priority order, pauses honoured, only tasks this worker knows), and cancels
- * queued jobs with a cancel request or a passed expiry (`cancel()`). Jobs whose `limitKey` has a row in
- * `limits` are claimed by a second path that first locks those rows, so `maxRunning` is
+ * queued jobs with a cancel request or a passed expiry (`cancel()`). Jobs whose `limitKey`
+ * has a row in `limits` are claimed by a second path that first locks those rows, so `maxRunning` is
  * never exceeded cluster-wide and `maxStarts` per window is counted in `limit_starts`.
  * The claim commits before any handler runs.
  *
@@ -137,7 +137,6 @@ export class Claimer {
     // One transition per transaction, so a hook error rolls back only that one.
     const { rows, rolledBack } = await this.#oneByOne(
       CANCEL_BATCH,
-      "queued",
       (tx, excluded) => run(tx, 1, excluded),
     );
     return { cancelled: rows, rolledBack };
@@ -180,7 +179,7 @@ export class Claimer {
     if (this.#config.hooks.length === 0) {
       return { claimed: await run(this.#sql, total, []), rolledBack: 0 };
     }
-    const { rows, rolledBack } = await this.#oneByOne(total, "queued", (tx, excluded) => {
+    const { rows, rolledBack } = await this.#oneByOne(total, (tx, excluded) => {
       offset++;
       return run(tx, 1, excluded);
     });
@@ -224,7 +223,6 @@ export class Claimer {
     }
     const { rows, rolledBack } = await this.#oneByOne(
       total,
-      "queued",
       (tx, excluded) => run(tx, 1, excluded),
     );
     return { claimed: rows, rolledBack };
@@ -233,7 +231,6 @@ export class Claimer {
   /** Repeat a one-row transition in its own transaction with the hooks, up to `budget`. */
   async #oneByOne<R extends JobRow>(
     budget: number,
-    from: "queued",
     statement: (tx: TransactionSql, excluded: string[]) => Promise<R[]>,
   ): Promise<{ rows: R[]; rolledBack: number }> {
     const rows: R[] = [];
@@ -245,7 +242,7 @@ export class Claimer {
         got = await this.#sql.begin(async (tx) => {
           const changed = await statement(tx, excluded);
           for (const row of changed) {
-            await runTransitionHooks(this.#config.hooks, tx, row, from);
+            await runTransitionHooks(this.#config.hooks, tx, row, "queued");
           }
           return changed;
         }) as R[];

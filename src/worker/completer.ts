@@ -78,10 +78,9 @@ export function appendError(entry: string): string {
 export class Completer {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
-  #full: string;
+  #fullText: string;
   #shortText: string;
-
-  #delete: string | null;
+  #deleteText: string | null;
 
   /**
    * Make a completer on a pool. With `deleteSucceeded` (the app's `retention: 0`, no
@@ -96,15 +95,15 @@ export class Completer {
     this.#sql = sql;
     this.#hooks = hooks;
     const s = quoteSchema(schema);
-    this.#full = completeStatement(s, JOB_RETURNING);
+    this.#fullText = completeStatement(s, JOB_RETURNING);
     this.#shortText = completeStatement(s, SHORT_RETURNING);
-    this.#delete = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
+    this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
   }
 
   /** Write a batch of outcomes (one statement without onTransition hooks). */
   async write(outcomes: readonly Outcome[]): Promise<CompleteResult> {
-    if (this.#delete !== null && outcomes.some((o) => o.kind === "succeeded")) {
-      return this.#result(outcomes, await this.#deleteAndUpdate(this.#delete, outcomes), []);
+    if (this.#deleteText !== null && outcomes.some((o) => o.kind === "succeeded")) {
+      return this.#result(outcomes, await this.#deleteAndUpdate(this.#deleteText, outcomes), []);
     }
     if (this.#hooks.length === 0) return this.#result(outcomes, await this.#short(outcomes), []);
     const { rows, rolledBack } = await applyTransitions(
@@ -174,7 +173,7 @@ export class Completer {
   }
 
   async #statement(tx: Sql | TransactionSql, outcomes: readonly Outcome[]): Promise<JobRow[]> {
-    return [...await tx.unsafe(this.#full, params(outcomes))] as unknown as JobRow[];
+    return [...await tx.unsafe(this.#fullText, params(outcomes))] as unknown as JobRow[];
   }
 }
 
