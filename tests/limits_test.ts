@@ -2,6 +2,7 @@
 import { setLimit } from "../src/admin.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { countJobs, startWorker, waitFor, withApp } from "./_helpers.ts";
+import { WORKER_PERMISSIONS } from "./_processes.ts";
 
 const FIXTURE = new URL("./fixtures/limits_worker.ts", import.meta.url).pathname;
 
@@ -9,10 +10,7 @@ function spawnWorker(url: string, options: Record<string, unknown>): Deno.ChildP
   return new Deno.Command(Deno.execPath(), {
     args: [
       "run",
-      "--allow-net",
-      "--allow-env",
-      "--allow-sys=hostname",
-      "--allow-read",
+      ...WORKER_PERMISSIONS,
       FIXTURE,
       JSON.stringify({ pollInterval: 20, heartbeatInterval: 500, heartbeatTtl: 5000, ...options }),
     ],
