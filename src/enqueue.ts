@@ -295,7 +295,7 @@ const statements = new Map<string, string>();
  * go once as parameters and the arguments as one JSON text (`one`: an object, else an
  * array unpacked in order). `ON CONFLICT` only when a uniqueKey is set (it costs a
  * speculative insertion per row otherwise); the whole rows come back only for hooks
- * (`full`). One NOTIFY per statement, as an init plan, and only when a row was inserted.
+ * (`full`). One NOTIFY per statement, and only when a row was inserted.
  */
 function insertStatement(
   host: EnqueueHost,
@@ -305,31 +305,40 @@ function insertStatement(
   let text = statements.get(cacheKey);
   if (text) return text;
   const s = quoteSchema(host.schema);
-  // One row: VALUES (the cheapest to plan); a batch: the arguments unpacked in order.
-  const source = shape.one
-    ? "(values ($4::text::jsonb, 1)) as x(args, i)"
-    : "jsonb_array_elements($4::text::jsonb) with ordinality as x(args, i)";
+  const columns = `${s}.jobs
+        (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key)`;
+  const values = `$1::text, $2::text, $3::smallint, ARGS, $5::int,
+             coalesce($6::timestamptz, now() + coalesce($7::float8, 0) * interval '1 millisecond'),
+             $8::timestamptz, $9::text, $10::text`;
   const conflict = shape.unique
     ? `on conflict (unique_key) where state in ('queued', 'running') and unique_key is not null
         do nothing`
     : "";
-  const returning = shape.full ? "id, run_at, expires_at, args" : "id";
-  const columns = shape.full
-    ? "ins.id::text as id, ins.run_at, ins.expires_at, ins.args"
-    : "ins.id::text as id";
-  // An init plan runs once, and not at all when nothing was inserted.
-  const notify = host.notify ? ", (select pg_notify($11, $2::text)) as notified" : "";
-  text = `
+  if (shape.one) {
+    // One row: a plain INSERT ... VALUES, a third of the planning and execution time of the
+    // CTE below; RETURNING runs the NOTIFY for the inserted row only.
+    const returning = shape.full ? "id::text as id, run_at, expires_at, args" : "id::text as id";
+    const notify = host.notify ? ", pg_notify($11, $2::text) as notified" : "";
+    text = `insert into ${columns}
+      values (${values.replace("ARGS", "$4::text::jsonb")})
+      ${conflict}
+      returning ${returning}${notify}`;
+  } else {
+    const returning = shape.full ? "id, run_at, expires_at, args" : "id";
+    const selected = shape.full
+      ? "ins.id::text as id, ins.run_at, ins.expires_at, ins.args"
+      : "ins.id::text as id";
+    // An init plan runs once, and not at all when nothing was inserted.
+    const notify = host.notify ? ", (select pg_notify($11, $2::text)) as notified" : "";
+    text = `
     with ins as (
-      insert into ${s}.jobs
-        (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key)
-      select $1::text, $2::text, $3::smallint, x.args, $5::int,
-             coalesce($6::timestamptz, now() + coalesce($7::float8, 0) * interval '1 millisecond'),
-             $8::timestamptz, $9::text, $10::text
-        from ${source}${shape.one ? "" : " order by x.i"}
+      insert into ${columns}
+      select ${values.replace("ARGS", "x.args")}
+        from jsonb_array_elements($4::text::jsonb) with ordinality as x(args, i) order by x.i
       ${conflict}
       returning ${returning})
-    select ${columns}${notify} from ins${shape.one ? "" : " order by ins.id"}`;
+    select ${selected}${notify} from ins order by ins.id`;
+  }
   statements.set(cacheKey, text);
   return text;
 }
