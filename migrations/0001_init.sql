@@ -123,3 +123,50 @@ CREATE TABLE {{schema}}.limit_starts (
   job_id bigint NOT NULL
 );
 CREATE INDEX limit_starts_key_idx ON {{schema}}.limit_starts (key, started_at);
+
+-- The claim from one queue, the worker's most frequent statement (src/worker/claimer.ts
+-- holds the other claim paths). A function, so that its plan is made once per connection
+-- instead of on every claim: planning was half of a one-job claim's time in PostgreSQL.
+-- The plan is generic (a custom plan per LIMIT value would be re-made every time) and
+-- never JIT-compiled (a cached plan would be compiled again on every call once the queue
+-- is large). Ready rows in priority order, pauses honoured, limits rows left to the
+-- limited claim, locked rows skipped; the UPDATE goes by ctid, fixed by the row lock.
+-- Timestamps come back as epoch milliseconds, cheaper to decode than text.
+CREATE FUNCTION {{schema}}.claim_one(
+  p_queue text, p_tasks text[], p_limit integer, p_excluded bigint[], p_worker text)
+RETURNS TABLE (
+  id text, task text, queue text, priority smallint, attempt integer, run_count integer,
+  max_attempts integer, snoozes integer, run_at float8, expires_at float8, unique_key text,
+  limit_key text, created_at float8, started_at float8, args jsonb)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY
+  WITH candidates AS (
+    SELECT c.ctid FROM {{schema}}.jobs c
+     WHERE c.state = 'queued' AND c.queue = p_queue AND c.run_at <= now()
+       AND c.cancel_requested_at IS NULL
+       AND (c.expires_at IS NULL OR c.expires_at > now())
+       AND c.task = ANY (p_tasks)
+       AND c.id <> ALL (p_excluded)
+       AND (c.limit_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = c.limit_key))
+       AND NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses p WHERE p.queue = p_queue)
+     ORDER BY c.priority DESC, c.run_at, c.id
+     LIMIT p_limit
+     FOR UPDATE OF c SKIP LOCKED
+  )
+  UPDATE {{schema}}.jobs j
+     SET state = 'running', run_count = j.run_count + 1, worker_id = p_worker,
+         started_at = now()
+   WHERE j.ctid = ANY (ARRAY (SELECT ctid FROM candidates))
+  RETURNING j.id::text, j.task::text, j.queue::text, j.priority, j.attempt, j.run_count,
+            j.max_attempts, j.snoozes, date_part('epoch', j.run_at) * 1000,
+            date_part('epoch', j.expires_at) * 1000, j.unique_key::text, j.limit_key::text,
+            date_part('epoch', j.created_at) * 1000, date_part('epoch', j.started_at) * 1000,
+            j.args::jsonb;
+END
+$$;

@@ -31,7 +31,8 @@ const wallMs = () => performance.timeOrigin + performance.now();
 const result: Record<string, unknown> = { system: "akadze" };
 
 await migrate(spec.url);
-const app = new Akadze({ databaseUrl: spec.url, max: 2 });
+// The enqueue side uses prepared statements when the worker's configuration does.
+const app = new Akadze({ databaseUrl: spec.url, max: 2, prepare: spec.app.prepare ?? false });
 const noop = app.task("noop", () => {});
 const lat = app.task("lat", () => {});
 const single = app.task("single", () => {});

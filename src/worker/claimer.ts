@@ -152,7 +152,7 @@ export class Claimer {
     const workerId = this.#config.workerId;
     const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) => {
       if (requests.length === 1) {
-        // One queue (the common case): a plain ordered index scan, cheap to plan.
+        // One queue (the common case): a function whose plan each connection keeps.
         return this.#claimed(sql.unsafe(this.#statements.claimOne, [
           requests[0].queue,
           tasks,
@@ -315,7 +315,8 @@ function openQueues(s: string, queues: string, slots: string): string {
 /**
  * What a claim returns, as an array per row: the worker decodes every column of every
  * claimed job, so timestamps come as epoch milliseconds (a number, not text for a date
- * parser), and the state and worker id, known already, not at all.
+ * parser), and the state and worker id, known already, not at all. The `claim_one`
+ * function of migrations/0001_init.sql returns the same columns in the same order.
  */
 const CLAIM_RETURNING = `j.id::text, j.task, j.queue, j.priority, j.attempt, j.run_count,
   j.max_attempts, j.snoozes, date_part('epoch', j.run_at) * 1000,
@@ -361,22 +362,13 @@ function claimUpdate(s: string, workerId: string): string {
     returning ${CLAIM_RETURNING}`;
 }
 
-/** Claim from one queue: $1 queue, $2 tasks, $3 how many, $4 excluded ids, $5 worker id. */
+/**
+ * Claim from one queue: $1 queue, $2 tasks, $3 how many, $4 excluded ids, $5 worker id.
+ * The statement is the `claim_one` function of migrations/0001_init.sql (its plan cached
+ * per connection); it returns the columns of {@linkcode CLAIM_RETURNING}.
+ */
 function claimOneStatement(s: string): string {
-  return `
-    with candidates as (
-      select c.ctid from ${s}.jobs c
-       where ${ready("$1::text")}
-         and c.task = any($2::text[])
-         and c.id <> all($4::bigint[])
-         and (c.limit_key is null
-              or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
-         and not exists (select 1 from ${s}.queue_pauses p where p.queue = $1::text)
-       order by c.priority desc, c.run_at, c.id
-       limit $3
-       for update of c skip locked
-    )
-    ${claimUpdate(s, "$5")}`;
+  return `select * from ${s}.claim_one($1, $2, $3, $4, $5)`;
 }
 
 /**
