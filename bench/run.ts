@@ -192,12 +192,6 @@ const AKADZE_CONFIGS: {
     app: { jit: false, retention: 0 },
     worker: { slots: 500 },
   },
-  {
-    key: "akadze-s1000",
-    label: "akadze (slots 1000, jit=off pool)",
-    app: { jit: false },
-    worker: { slots: 1000 },
-  },
   { key: "akadze-jit", label: "akadze (slots 500, default pool)", app: {}, worker: { slots: 500 } },
   {
     key: "akadze-s50",
