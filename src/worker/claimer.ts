@@ -298,7 +298,8 @@ export class Claimer {
 /**
  * The conditions of a ready job (alias `c`) in queue `queue`. Pauses are checked per queue
  * by the callers, not per row: a per-row subplan raises the plan's cost estimate past
- * PostgreSQL's jit_above_cost, and JIT compiling every claim costs ~45 ms.
+ * PostgreSQL's jit_above_cost, and JIT compiling every claim costs ~45 ms. The `claim_one`
+ * function of migrations/0001_init.sql repeats these conditions: change both together.
  */
 function ready(queue: string): string {
   return `c.state = 'queued' and c.queue = ${queue} and c.run_at <= now()
