@@ -59,27 +59,12 @@ export interface CompleteResult {
   rolledBack: { item: Outcome; error: unknown }[];
 }
 
-/** How many error entries a job keeps. */
-export const ERROR_HISTORY = 10;
-
-/**
- * SQL: job `j`'s errors with `entry` (a jsonb object expression) appended, stamped with
- * the database clock, keeping the last {@linkcode ERROR_HISTORY}.
- */
-export function appendError(entry: string): string {
-  return `(select coalesce(jsonb_agg(e order by i), '[]'::jsonb) from (
-      select e, i from jsonb_array_elements(
-          j.errors || jsonb_build_array(${entry} || jsonb_build_object('at', now())))
-        with ordinality as t(e, i)
-       order by i desc limit ${ERROR_HISTORY}) last)`;
-}
-
 /** Writes outcomes for one app. */
 export class Completer {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
-  #fullText: string;
   #shortText: string;
+  #rowsText: string;
   #deleteText: string | null;
 
   /**
@@ -95,8 +80,8 @@ export class Completer {
     this.#sql = sql;
     this.#hooks = hooks;
     const s = quoteSchema(schema);
-    this.#fullText = completeStatement(s, JOB_RETURNING);
-    this.#shortText = completeStatement(s, SHORT_RETURNING);
+    this.#shortText = completeStatement(s);
+    this.#rowsText = `select ${JOB_RETURNING} from ${s}.jobs j where j.id = any($1::bigint[])`;
     this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
   }
 
@@ -122,7 +107,7 @@ export class Completer {
     return this.#result(outcomes, written, rolledBack);
   }
 
-  /** The batch UPDATE without hooks, read as arrays of {@linkcode SHORT_RETURNING}. */
+  /** The batch write, read as arrays of {@linkcode WrittenRow} fields. */
   async #short(outcomes: readonly Outcome[], tx: Sql | TransactionSql = this.#sql) {
     const rows = await tx.unsafe(this.#shortText, params(outcomes)).values();
     return rows.map((v): WrittenRow => ({ id: v[0], state: v[1], attempt: v[2], runAt: v[3] }));
@@ -172,8 +157,14 @@ export class Completer {
     return row ?? null;
   }
 
+  /**
+   * The outcome write whose rows the hooks see (always inside a transaction): the batch
+   * write, then the written rows in full.
+   */
   async #statement(tx: Sql | TransactionSql, outcomes: readonly Outcome[]): Promise<JobRow[]> {
-    return [...await tx.unsafe(this.#fullText, params(outcomes))] as unknown as JobRow[];
+    const ids = (await this.#short(outcomes, tx)).map((r) => r.id);
+    if (ids.length === 0) return [];
+    return [...await tx.unsafe(this.#rowsText, [ids])] as unknown as JobRow[];
   }
 }
 
@@ -217,20 +208,6 @@ export async function retryTransient<T>(
 }
 
 /**
- * The state an outcome leads to, for job `j` and outcome `o`. A cancel request wins; a
- * retry with no attempts left fails.
- */
-const NEXT_STATE = `(case when j.cancel_requested_at is not null then 'cancelled'
-  when o.kind = 'succeeded' then 'succeeded'
-  when o.kind = 'retry' and j.attempt + 1 < j.max_attempts then 'queued'
-  when o.kind in ('retry', 'fail') then 'failed'
-  when o.kind in ('snooze', 'release') then 'queued'
-  else 'cancelled' end)`;
-
-/** The RETURNING of a batch write without hooks: a {@linkcode WrittenRow}. */
-const SHORT_RETURNING = "j.id::text, j.state, j.attempt, date_part('epoch', j.run_at) * 1000";
-
-/**
  * Delete succeeded runs' jobs (`retention: 0`), fenced like the UPDATE; a job with a cancel
  * request is left to the UPDATE, which ends it cancelled.
  */
@@ -243,25 +220,11 @@ function deleteStatement(s: string): string {
     returning j.id::text`;
 }
 
-function completeStatement(s: string, returning: string): string {
-  // One UPDATE ... FROM: the fence is its WHERE, re-checked on the latest row version
-  // when another transaction changed the row meanwhile.
-  return `
-    update ${s}.jobs j set
-      state = ${NEXT_STATE},
-      attempt = j.attempt + (j.cancel_requested_at is null and o.kind in ('retry', 'fail'))::int,
-      snoozes = j.snoozes + (j.cancel_requested_at is null and o.kind = 'snooze')::int,
-      run_at = case when ${NEXT_STATE} = 'queued'
-                    then now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
-                    else j.run_at end,
-      result = case when ${NEXT_STATE} = 'succeeded' then o.result::jsonb end,
-      -- Both branches of the domain type: no domain check unless an error is appended.
-      errors = case when o.error is null then j.errors
-                    else ${appendError("o.error::jsonb")}::${s}.job_errors end,
-      worker_id = null,
-      finished_at = case when ${NEXT_STATE} in ('succeeded', 'failed', 'cancelled') then now() end
-    from unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::float8[])
-      as o(id, run_count, kind, result, error, delay_ms)
-    where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
-    returning ${returning}`;
+/**
+ * The outcome UPDATE: the `complete_jobs` function of migrations/0001_init.sql (fenced on
+ * run_count and state 'running'; its plan is kept per connection). Reads a
+ * {@linkcode WrittenRow}: id, new state, attempts, run_at in epoch milliseconds.
+ */
+function completeStatement(s: string): string {
+  return `select id, state, attempt, run_at_ms from ${s}.complete_jobs($1, $2, $3, $4, $5, $6)`;
 }

@@ -7,7 +7,6 @@
  */
 import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
-import { appendError } from "./completer.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 
 /** What one rescue pass did. */
@@ -53,10 +52,8 @@ export class Rescuer {
         run_at = now(),
         finished_at = case when j.attempt + 1 < j.max_attempts then null else now() end,
         worker_id = null,
-        errors = ${
-      appendError(`jsonb_build_object('error', 'WorkerLost',
-          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run')`)
-    }
+        errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
+          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run'))
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}`;
     this.#removeStale = `
