@@ -5,7 +5,7 @@ import { Completer } from "../src/worker/completer.ts";
 import { defaultBackoff, nextDelay } from "../src/worker/backoff.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { withApp } from "./_helpers.ts";
+import { startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
 
 type Row = Record<string, unknown> & { errors: { error: string; message: string; at: string }[] };
 
@@ -300,5 +300,66 @@ Deno.test("control exceptions from another copy of akadze are recognised by thei
     await drain(app);
     const row = await job(sql, id);
     assertEquals([row.state, row.attempt, row.snoozes], ["queued", 0, 1]);
+  });
+});
+
+Deno.test("a stalled outcome write stops the claiming near twice the slots; nothing is lost", async () => {
+  await withApp("out_write_room", async (app, sql) => {
+    let openGate!: () => void;
+    const gate = new Promise<void>((r) => openGate = r);
+    let calls = 0;
+    const work = app.task("work", async ({ i }) => {
+      calls++;
+      if (i === 0) await gate;
+    });
+    const first = await work.enqueue({ i: 0 });
+    const slots = 2;
+    const w = startWorker(app, { slots });
+    let unlock!: () => void;
+    const unlocked = new Promise<void>((r) => unlock = r);
+    let holder: Promise<unknown> | null = null;
+    try {
+      await waitForJob(sql, first, (r) => r.state === "running", "the first job to run");
+      // Another transaction holds the first job's row: its outcome write will wait for it.
+      let locked!: () => void;
+      const isLocked = new Promise<void>((r) => locked = r);
+      holder = sql.begin(async (tx) => {
+        await tx`select 1 from akadze.jobs where id = ${first} for update`;
+        locked();
+        await unlocked;
+      });
+      await isLocked;
+      openGate();
+      await waitFor(async () => {
+        const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+          where datname = current_database() and wait_event_type = 'Lock'`;
+        return n > 0;
+      }, "the outcome write to wait for the row lock");
+
+      await work.enqueueMany(Array.from({ length: 30 }, (_, k) => ({ i: k + 1 })));
+      const counts = async () =>
+        Object.fromEntries(
+          (await sql`select state, count(*)::int as n from akadze.jobs group by state`)
+            .map((r) => [r.state, r.n]),
+        ) as Record<string, number>;
+      await waitFor(async () => (await counts()).running >= 2 * slots, "claims after the stall");
+      // Several poll intervals and NOTIFYs later, the worker still claims no more: at most
+      // twice its slots of runs wait for their write (plus what one claim took meanwhile).
+      await new Promise((r) => setTimeout(r, 1_000));
+      const stalled = await counts();
+      assert(stalled.running <= 3 * slots, `claimed on: ${JSON.stringify(stalled)}`);
+      assert(stalled.queued >= 31 - 3 * slots, JSON.stringify(stalled));
+      assertEquals(calls, stalled.running);
+
+      unlock();
+      await holder;
+      holder = null;
+      await waitFor(async () => (await counts()).succeeded === 31, "every job to succeed");
+      assertEquals(calls, 31);
+    } finally {
+      unlock();
+      await holder;
+      await w.stop();
+    }
   });
 });
