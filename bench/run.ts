@@ -3,7 +3,8 @@
 // Writes bench/results/<date>.json and .md (see bench/README.md).
 //
 //   deno task bench [--rounds 3] [--n 50000] [--only akadze,graphile,pgboss] [--out FILE]
-//                   [--single 1000] [--samples 300] [--retained 1000000] [--idle 30]
+//                   [--single 1000] [--samples 300] [--warmup 100] [--retained 1000000]
+//                   [--idle 30]
 //                   [--timeout 900] [--entries akadze,graphile,...] [--pg name=value]...
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
 import postgres from "postgres";
@@ -47,6 +48,8 @@ interface Flags {
   out?: string;
   single: number;
   samples: number;
+  /** Unmeasured repetitions before the single-row and the latency measurements. */
+  warmup: number;
   batchRows: number;
   retained: number;
   idle: number;
@@ -58,8 +61,9 @@ function usage(message: string): never {
   console.error(`error: ${message}`);
   console.error(
     "usage: deno task bench [--smoke] [--rounds R] [--n N] [--only akadze|graphile|pgboss[,...]]\n" +
-      "       [--out FILE.json] [--single K] [--samples S] [--retained M] [--idle SECONDS]\n" +
-      "       [--timeout SECONDS] [--entries KEY,...] [--pg name=value]...",
+      "       [--out FILE.json] [--single K] [--samples S] [--warmup W] [--retained M]\n" +
+      "       [--idle SECONDS]" +
+      " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]...",
   );
   Deno.exit(2);
 }
@@ -73,6 +77,7 @@ function parseFlags(args: string[]): Flags {
     only: new Set(smoke ? ["akadze"] : SYSTEMS),
     single: smoke ? 20 : 1_000,
     samples: smoke ? 20 : 300,
+    warmup: smoke ? 5 : 100,
     batchRows: 5_000,
     retained: smoke ? 0 : 1_000_000,
     idle: smoke ? 0 : 30,
@@ -109,6 +114,9 @@ function parseFlags(args: string[]): Flags {
         break;
       case "--samples":
         flags.samples = count(0);
+        break;
+      case "--warmup":
+        flags.warmup = count(0);
         break;
       case "--batch-rows":
         flags.batchRows = count(1);
@@ -520,6 +528,7 @@ async function runEntry(
         batchRows: flags.batchRows,
         single: entry.retained ? 0 : flags.single,
         samples: entry.retained ? 0 : flags.samples,
+        warmup: flags.warmup,
         retained: entry.retained ?? 0,
         app: entry.config.app as DriverSpec["app"],
         worker: entry.config.worker as DriverSpec["worker"],
@@ -540,6 +549,7 @@ async function runEntry(
         BATCH_ROWS: String(flags.batchRows),
         SINGLE: String(flags.single),
         SAMPLES: String(flags.samples),
+        WARMUP: String(flags.warmup),
         PG_POSTMASTER_PID: String(postmasterPid),
         BENCH_CLK_TCK: String(CLK_TCK),
       };
@@ -783,7 +793,11 @@ function markdown(report: Report): string {
   lines.push(
     `N = ${fmt(report.params.n)} no-op jobs per drain, bulk enqueue in calls of ` +
       `${fmt(report.params.batchRows)} rows, ${fmt(report.params.single)} single-row enqueues, ` +
-      `${report.params.samples} latency samples; ${report.params.rounds} round(s), systems ` +
+      `${report.params.samples} latency samples (each measurement after ${
+        report.params.warmup ?? 0
+      } ` +
+      `unmeasured ones, so that every system's client code runs warm); ` +
+      `${report.params.rounds} round(s), systems ` +
       `interleaved (order rotated each round), a fresh database per system and round. ` +
       `Cells: median (min–max over rounds).`,
     "",
@@ -880,6 +894,7 @@ interface Report {
     batchRows: number;
     single: number;
     samples: number;
+    warmup?: number;
     retained: number;
     idle: number;
   };
@@ -991,6 +1006,7 @@ async function main(): Promise<number> {
         batchRows: flags.batchRows,
         single: flags.single,
         samples: flags.samples,
+        warmup: flags.warmup,
         retained: flags.retained,
         idle: flags.idle,
       },

@@ -16,6 +16,8 @@ export interface DriverSpec {
   single: number;
   /** Latency samples (0: skip). */
   samples: number;
+  /** Unmeasured repetitions before the single-row and the latency measurements. */
+  warmup: number;
   /** Succeeded rows to store in the jobs table before the run (the retained-rows case). */
   retained: number;
   app: WorkerSpec["app"];
@@ -154,6 +156,7 @@ try {
 
   // 4) single-row enqueue: sequential, one implicit transaction each.
   if (spec.single > 0) {
+    for (let i = 0; i < spec.warmup; i++) await single.enqueue({ id: -1 - i });
     l0 = await lsn();
     t = performance.now();
     for (let i = 0; i < spec.single; i++) await single.enqueue({ id: i });
@@ -169,12 +172,12 @@ try {
     const ready = await w.next();
     if (ready.event !== "ready") throw new Error(`unexpected ${JSON.stringify(ready)}`);
     const samples: number[] = [];
-    for (let i = 0; i < spec.samples; i++) {
+    for (let i = 0; i < spec.warmup + spec.samples; i++) {
       const message = w.next();
       await lat.enqueue({ t0: wallMs() });
       const m = await message;
       if (m.event !== "lat") throw new Error(`unexpected ${JSON.stringify(m)}`);
-      samples.push(m.ms as number);
+      if (i >= spec.warmup) samples.push(m.ms as number);
     }
     await w.stdin.write("stop");
     await w.next(); // exit

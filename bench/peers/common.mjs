@@ -65,6 +65,8 @@ export function benchEnv() {
     batchRows: Number(env.BATCH_ROWS ?? 5_000),
     single: Number(env.SINGLE ?? 1_000),
     samples: Number(env.SAMPLES ?? 300),
+    // Unmeasured repetitions before the single-row and the latency measurements.
+    warmup: Number(env.WARMUP ?? 100),
     postmasterPid: Number(env.PG_POSTMASTER_PID ?? 0),
   };
 }

@@ -18,7 +18,7 @@ import {
   wallMs,
 } from "./common.mjs";
 
-const { url, n, batchRows, single, samples, postmasterPid } = benchEnv();
+const { url, n, batchRows, single, samples, warmup, postmasterPid } = benchEnv();
 const CONC = Number(process.env.CONC ?? 24);
 const LQ = Number(process.env.LQ ?? 500);
 const BATCH = Number(process.env.BATCH ?? 0);
@@ -131,11 +131,12 @@ Object.assign(result, { dead_tuples: dead.dead, live_tuples: dead.live, autovacu
 
 // 4) single-row enqueue: sequential, one implicit transaction each.
 if (single > 0) {
+  const addSingle = (i) =>
+    q("select graphile_worker.add_job('single', json_build_object('id', $1::int))", [i]);
+  for (let i = 0; i < warmup; i++) await addSingle(-1 - i);
   l0 = await lsn();
   t = performance.now();
-  for (let i = 0; i < single; i++) {
-    await q("select graphile_worker.add_job('single', json_build_object('id', $1::int))", [i]);
-  }
+  for (let i = 0; i < single; i++) await addSingle(i);
   result.single_ms = performance.now() - t;
   result.single_wal_bytes = await walBetween(l0, await lsn());
   result.single_n = single;
@@ -154,7 +155,7 @@ if (samples > 0) {
   });
   const r2 = w.start();
   await sleep(1_000);
-  for (let i = 0; i < samples; i++) {
+  for (let i = 0; i < warmup + samples; i++) {
     const p = new Promise((resolve) => (pending = resolve));
     await q("select graphile_worker.add_job('lat', json_build_object('t0', $1::float8))", [
       wallMs(),
@@ -162,7 +163,7 @@ if (samples > 0) {
     await p;
   }
   await stopWorkers(r2, w.workerPool);
-  result.latency = summarize(lat);
+  result.latency = summarize(lat.slice(warmup));
 }
 await pool.end();
 report(result);

@@ -16,7 +16,7 @@ import {
   wallMs,
 } from "./common.mjs";
 
-const { url, n, batchRows, single, samples, postmasterPid } = benchEnv();
+const { url, n, batchRows, single, samples, warmup, postmasterPid } = benchEnv();
 const CONC = Number(process.env.CONC ?? 4);
 const BATCH = Number(process.env.BATCH ?? 500);
 const result = {
@@ -112,6 +112,7 @@ Object.assign(result, { dead_tuples: dead.dead, live_tuples: dead.live, autovacu
 
 // 4) single-row enqueue: sequential, one implicit transaction each.
 if (single > 0) {
+  for (let i = 0; i < warmup; i++) await boss.send("single", { id: -1 - i });
   l0 = await lsn();
   t = performance.now();
   for (let i = 0; i < single; i++) await boss.send("single", { id: i });
@@ -130,13 +131,13 @@ if (samples > 0) {
     pending();
   });
   await sleep(1_000);
-  for (let i = 0; i < samples; i++) {
+  for (let i = 0; i < warmup + samples; i++) {
     const p = new Promise((resolve) => (pending = resolve));
     await boss.send("lat", { t0: wallMs() });
     await p;
   }
   await boss.offWork("lat");
-  result.latency = summarize(lat);
+  result.latency = summarize(lat.slice(warmup));
 }
 report(result);
 await boss.stop({ graceful: false, wait: false });
