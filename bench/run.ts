@@ -202,6 +202,12 @@ const AKADZE_CONFIGS: {
   },
   { key: "akadze-jit", label: "akadze (slots 500, default pool)", app: {}, worker: { slots: 500 } },
   {
+    key: "akadze-prep",
+    label: "akadze (slots 500, jit=off pool, prepare: true)",
+    app: { jit: false, prepare: true },
+    worker: { slots: 500 },
+  },
+  {
     key: "akadze-s50",
     label: "akadze (slots 50, jit=off pool)",
     app: { jit: false },
