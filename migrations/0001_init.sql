@@ -129,8 +129,11 @@ CREATE INDEX limit_starts_key_idx ON {{schema}}.limit_starts (key, started_at);
 -- instead of on every claim: planning was half of a one-job claim's time in PostgreSQL.
 -- The plan is generic (a custom plan per LIMIT value would be re-made every time) and
 -- never JIT-compiled (a cached plan would be compiled again on every call once the queue
--- is large). Ready rows in priority order, pauses honoured, limits rows left to the
--- limited claim, locked rows skipped; the UPDATE goes by ctid, fixed by the row lock.
+-- is large). Sequential scans are off for it: a plan made while the table is nearly empty
+-- would otherwise find the claimed rows by scanning the table, and keep doing so, on every
+-- claim, after the table has grown (tests/completer_test.ts). Ready rows in priority order,
+-- pauses honoured, limits rows left to the limited claim, locked rows skipped; the UPDATE
+-- goes by ctid, fixed by the row lock.
 -- Timestamps come back as epoch milliseconds, cheaper to decode than text.
 CREATE FUNCTION {{schema}}.claim_one(
   p_queue text, p_tasks text[], p_limit integer, p_excluded bigint[], p_worker text)
@@ -141,6 +144,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -207,7 +211,8 @@ $$;
 -- succeeded (store the result), retry (spend an attempt, queue again after the delay, or
 -- fail when none remain), fail, snooze (queue again without spending one), cancel, release
 -- (back to queued as is). Returns only what the worker logs (a wider row costs more to
--- return than the function saves on a batch of hundreds).
+-- return than the function saves on a batch of hundreds). No sequential scans, as in
+-- claim_one: a plan made on a nearly empty table must not scan it once it has grown.
 CREATE FUNCTION {{schema}}.complete_jobs(
   p_ids bigint[], p_run_counts integer[], p_kinds text[], p_results text[], p_errors text[],
   p_delays_ms float8[])
@@ -215,6 +220,7 @@ RETURNS TABLE (id text, state text, attempt integer, run_at_ms float8)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

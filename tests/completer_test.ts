@@ -1,7 +1,8 @@
-// The completer's batch write is the `complete_jobs` function, whose generic plan each
-// connection keeps: it must find every job by primary key whatever the statistics said
-// when it was planned, and still fence each outcome.
+// The worker's SQL functions keep generic plans per connection: the outcome write
+// (`complete_jobs`) and the one-queue claim (`claim_one`) must find their jobs by index
+// whatever the statistics or the table's size were when the plan was made.
 import { connect } from "../src/db.ts";
+import { Claimer } from "../src/worker/claimer.ts";
 import { Completer } from "../src/worker/completer.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { withApp } from "./_helpers.ts";
@@ -57,5 +58,49 @@ Deno.test("a batch outcome write looks jobs up by primary key when statistics sa
       select state, count(*)::int as n from akadze.jobs where id = any(${ids}::bigint[])
        group by state order by state`;
     assertEquals(states.map((r) => [r.state, r.n]), [["running", 1], ["succeeded", 299]]);
+  });
+});
+
+Deno.test("claim and outcome plans made on a near-empty table still look jobs up by index when it grows", async () => {
+  await withApp("plans_grow", async (app, sql, db) => {
+    const work = app.task("work", () => {});
+    // No autovacuum: its statistics update would re-plan and hide a plan made too early.
+    await sql`alter table akadze.jobs set (autovacuum_enabled = off)`;
+    const one = connect(db.url, { max: 1 });
+    try {
+      const claimer = new Claimer(one, {
+        schema: "akadze",
+        workerId: "w1",
+        tasks: ["work"],
+        hooks: [],
+      });
+      const completer = new Completer(one, "akadze", []);
+      const runOne = async () => {
+        const [job] = (await claimer.claim([{ queue: "default", slots: 1 }], 1)).claimed;
+        assert(job !== undefined, "a job was claimed");
+        const { written } = await completer.write([
+          { id: job.id, runCount: job.run_count, kind: "succeeded" },
+        ]);
+        assertEquals(written.map((r) => r.state), ["succeeded"]);
+      };
+      const seqScans = async () => {
+        await one`select pg_stat_force_next_flush()`;
+        const [{ n }] = await one`
+          select seq_scan::int as n from pg_stat_user_tables
+           where schemaname = 'akadze' and relname = 'jobs'`;
+        return n as number;
+      };
+      // Both plans are made now, on a table of one row.
+      await work.enqueue({});
+      await runOne();
+      await sql`insert into akadze.jobs (task, state, run_count, started_at, finished_at)
+                select 'work', 'succeeded', 1, now(), now() from generate_series(1, 20000)`;
+      await work.enqueue({});
+      const before = await seqScans();
+      await runOne();
+      assertEquals(await seqScans() - before, 0, "a claim or an outcome write scanned the table");
+    } finally {
+      await one.end();
+    }
   });
 });
