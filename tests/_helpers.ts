@@ -3,6 +3,7 @@
 import postgres from "postgres";
 import { Akadze, type AkadzeOptions } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
+import { Claimer } from "../src/worker/claimer.ts";
 import { Worker, type WorkerExit } from "../src/worker/worker.ts";
 import type { WorkerOptions } from "../src/worker/config.ts";
 import type { Sql } from "../src/db.ts";
@@ -152,4 +153,9 @@ export async function waitForJob(
     timeoutMs,
   );
   return row as Record<string, unknown>;
+}
+
+/** The claim of a worker "w1" of task "work" (no hooks) on `sql`, for tests that drive it. */
+export function workClaimer(sql: Sql): Claimer {
+  return new Claimer(sql, { schema: "akadze", workerId: "w1", tasks: ["work"], hooks: [] });
 }

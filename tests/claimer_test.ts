@@ -3,21 +3,15 @@
 // read when the claim runs, not when it was planned.
 import { pauseQueue, resumeQueue, setLimit } from "../src/admin.ts";
 import { connect } from "../src/db.ts";
-import { Claimer } from "../src/worker/claimer.ts";
 import { assertEquals } from "./assert.ts";
-import { waitFor, withApp } from "./_helpers.ts";
+import { waitFor, withApp, workClaimer } from "./_helpers.ts";
 
 Deno.test("a claim on a connection with a cached plan still honours pauses, limits and priorities added later", async () => {
   await withApp("claimer_cached", async (app, _sql, db) => {
     const work = app.task("work", () => {});
     const one = connect(db.url, { max: 1 });
     try {
-      const claimer = new Claimer(one, {
-        schema: "akadze",
-        workerId: "w1",
-        tasks: ["work"],
-        hooks: [],
-      });
+      const claimer = workClaimer(one);
       const claimIds = async (slots: number) =>
         (await claimer.claim([{ queue: "default", slots }], slots)).claimed.map((j) => j.args);
 

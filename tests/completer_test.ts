@@ -2,10 +2,9 @@
 // (`complete_jobs`) and the one-queue claim (`claim_one`) must find their jobs by index
 // whatever the statistics or the table's size were when the plan was made.
 import { connect } from "../src/db.ts";
-import { Claimer } from "../src/worker/claimer.ts";
 import { Completer } from "../src/worker/completer.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { withApp } from "./_helpers.ts";
+import { withApp, workClaimer } from "./_helpers.ts";
 
 Deno.test("a batch outcome write looks jobs up by primary key when statistics say none run", async () => {
   await withApp("completer_plan", async (_app, sql, db) => {
@@ -68,12 +67,7 @@ Deno.test("claim and outcome plans made on a near-empty table still look jobs up
     await sql`alter table akadze.jobs set (autovacuum_enabled = off)`;
     const one = connect(db.url, { max: 1 });
     try {
-      const claimer = new Claimer(one, {
-        schema: "akadze",
-        workerId: "w1",
-        tasks: ["work"],
-        hooks: [],
-      });
+      const claimer = workClaimer(one);
       const completer = new Completer(one, "akadze", []);
       const runOne = async () => {
         const [job] = (await claimer.claim([{ queue: "default", slots: 1 }], 1)).claimed;
