@@ -241,7 +241,9 @@ BEGIN
                        = 'queued'
                   THEN now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
                   ELSE j.run_at END,
-    result = CASE WHEN j.cancel_requested_at IS NULL AND o.kind = 'succeeded'
+    result = CASE WHEN {{schema}}.outcome_state(
+                         j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts)
+                       = 'succeeded'
                   THEN o.result::jsonb END,
     -- Both branches of the domain type: no domain check unless an error is appended.
     errors = CASE WHEN o.error IS NULL THEN j.errors
