@@ -17,6 +17,7 @@ import { checkQueueName } from "./enqueue.ts";
 import { AkadzeError, DuplicateJob } from "./errors.ts";
 import type { JobState } from "./job.ts";
 import { jsonProblem } from "./json.ts";
+import { deleteOldJobsStatement, oldJobsCondition } from "./worker/pruner.ts";
 
 /** Options of the admin functions. */
 export interface AdminOptions {
@@ -708,21 +709,20 @@ export async function pruneJobs(
   if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 100_000) {
     throw new AkadzeError(`batchSize must be an integer from 1 to 100000, got ${batchSize}`);
   }
-  // Constant state lists, so the planner can prove the partial index on finished_at applies.
-  const states = options.includeFailed
-    ? `'succeeded', 'failed', 'cancelled'`
-    : `'succeeded', 'cancelled'`;
-  const old =
-    `state in (${states}) and finished_at < now() - $1::float8 * interval '1 millisecond'`;
+  for (const name of ["includeFailed", "dryRun"] as const) {
+    if (options[name] !== undefined && typeof options[name] !== "boolean") {
+      throw new AkadzeError(`${name} must be a boolean, got ${options[name]}`);
+    }
+  }
+  const includeFailed = options.includeFailed ?? false;
   if (options.dryRun) {
     const [row] = await session.unsafe(
-      `select count(*)::float8 as n from ${s}.jobs where ${old}`,
+      `select count(*)::float8 as n from ${s}.jobs where ${oldJobsCondition(includeFailed)}`,
       [olderThan],
     );
     return Number(row.n);
   }
-  const statement = `delete from ${s}.jobs where id in (
-      select id from ${s}.jobs where ${old} limit $2 for update skip locked)`;
+  const statement = deleteOldJobsStatement(s, includeFailed);
   let total = 0;
   for (;;) {
     const { count } = await session.unsafe(statement, [olderThan, batchSize]);

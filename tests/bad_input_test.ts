@@ -382,6 +382,13 @@ Deno.test("pauseQueue, resumeQueue, listJobs and pruneJobs refuse hostile names 
         /batchSize must be/,
       );
     }
+    for (const name of ["includeFailed", "dryRun"]) {
+      await expect(
+        `pruneJobs ${name} "yes"`,
+        () => pruneJobs(sql, { [name]: "yes" }),
+        new RegExp(`${name} must be a boolean`),
+      );
+    }
     assertEquals(wrong, []);
     // Idempotent no-ops: resuming a queue that is not paused, pausing a paused one.
     assertEquals(await resumeQueue(sql, "never-paused"), false);

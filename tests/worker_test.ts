@@ -23,6 +23,7 @@ Deno.test("worker options are validated with precise messages", async () => {
       [{ heartbeatInterval: -1 }, /heartbeatInterval must be a positive/],
       [{ heartbeatInterval: 5000, heartbeatTtl: 4000 }, /heartbeatTtl .* must be longer/],
       [{ maxJobs: 0 }, /maxJobs must be an integer/],
+      [{ pruneInterval: 0 }, /pruneInterval must be a positive/],
       [{ fair: "yes" }, /fair must be a boolean/],
       [{ slot: 2 }, /unknown worker option "slot"/],
     ];
@@ -583,6 +584,87 @@ Deno.test("the pruner deletes old terminal jobs in bounded batches and keeps the
     assertEquals((await pruner.runOnce()).jobs, 5);
     const rows = await sql`select state from akadze.jobs order by state`;
     assertEquals(rows.map((r) => r.state), ["cancelled", "failed", "queued"]);
+  });
+});
+
+Deno.test("a prune skips rows another transaction holds locked instead of waiting for them", async () => {
+  await withApp("w_prune_locked", async (app, sql, db) => {
+    const old = await sql`insert into akadze.jobs (task, state, finished_at)
+                          select 't', 'failed', now() - interval '8 days'
+                            from generate_series(1, 3) returning id`;
+    await sql`insert into akadze.periodic_runs (name, fire_at) values
+              ('a', now() - interval '3 days'), ('b', now() - interval '3 days')`;
+    const pruner = new Pruner(app.sql, { schema: app.schema, retention: 86_400_000, grace: 0 });
+    // Another session keeps one old job and one old fire locked (say, a requeue not yet
+    // committed), for longer than the prune may take.
+    const holder = postgres(db.url, { max: 1, onnotice: () => {} });
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => release = resolve);
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => locked = resolve);
+    const holding = holder.begin(async (tx) => {
+      await tx`select 1 from akadze.jobs where id = ${old[0].id} for update`;
+      await tx`select 1 from akadze.periodic_runs where name = 'a' for update`;
+      locked();
+      await released;
+    });
+    try {
+      await isLocked;
+      const timeout = new Promise<"waited">((r) => setTimeout(() => r("waited"), 5_000));
+      const pruned = await Promise.race([pruner.runOnce(), timeout]);
+      assertEquals(pruned, { jobs: 2, periodicRuns: 1, limitStarts: 0 });
+    } finally {
+      release();
+      await holding;
+      await holder.end();
+    }
+    assertEquals((await pruner.runOnce()).jobs, 1, "the row is pruned once it is free");
+    assertEquals((await sql`select count(*)::int as n from akadze.periodic_runs`)[0].n, 0);
+  });
+});
+
+Deno.test("the worker keeps claiming while its prune waits on a lock, and prunes after", async () => {
+  await withApp("w_prune_beside", async (app, sql, db) => {
+    const done: number[] = [];
+    const job = app.task("job", ({ n }) => {
+      done.push(n as number);
+    });
+    await sql`insert into akadze.jobs (task, state, finished_at)
+              values ('job', 'succeeded', now() - interval '8 days')`;
+    await sql`insert into akadze.periodic_runs (name, fire_at) values ('a', now() - interval '3 days')`;
+    // A lock the claim path never asks for (no schedules here), but the prune does.
+    const holder = postgres(db.url, { max: 1, onnotice: () => {} });
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => release = resolve);
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => locked = resolve);
+    const holding = holder.begin(async (tx) => {
+      await tx`lock table akadze.periodic_runs in access exclusive mode`;
+      locked();
+      await released;
+    });
+    await isLocked;
+    const w = startWorker(app, { pruneInterval: 50, schedules: false });
+    try {
+      await waitFor(async () => {
+        const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+                                   where wait_event_type = 'Lock'
+                                     and query like 'delete from %periodic_runs%'`;
+        return n > 0;
+      }, "a prune waiting on the lock");
+      for (let n = 0; n < 5; n++) await job.enqueue({ n });
+      await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 10_000);
+    } finally {
+      release();
+      await holding;
+      await holder.end();
+    }
+    await waitFor(async () => {
+      const [{ n }] = await sql`select count(*)::int as n from akadze.periodic_runs`;
+      return n === 0;
+    }, "the prune to finish once the lock is gone");
+    assertEquals((await w.stop()).code, 0);
+    assertEquals(done.sort(), [0, 1, 2, 3, 4]);
   });
 });
 

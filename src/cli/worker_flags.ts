@@ -48,6 +48,7 @@ const FLAGS = {
   "heartbeat-interval": { type: "string" },
   "heartbeat-ttl": { type: "string" },
   "poll-interval": { type: "string" },
+  "prune-interval": { type: "string" },
   "heartbeat-file": { type: "string" },
   processes: { type: "string" },
   // Hidden: set by the supervisor of --processes N on the worker processes it starts.
@@ -85,6 +86,7 @@ export function workerFlagsHelp(): string {
   --heartbeat-ttl S         lease length: after this long without a heartbeat, other workers
                             rescue its jobs and it stops itself (default ${s(d.heartbeatTtl)})
   --poll-interval S         longest idle wait between claim passes (default ${s(d.pollInterval)})
+  --prune-interval S        how often old finished jobs are deleted (default ${s(d.pruneInterval)})
   --heartbeat-file PATH     touch PATH on every loop pass (with --processes N: PATH.supervisor
                             and PATH.0 ... PATH.N-1); check it with akadze health
   --processes N             run N worker processes under a supervisor that restarts a dead
@@ -161,6 +163,7 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     ["heartbeat-interval", "heartbeatInterval"],
     ["heartbeat-ttl", "heartbeatTtl"],
     ["poll-interval", "pollInterval"],
+    ["prune-interval", "pruneInterval"],
   ] as const;
   for (const [flag, option] of durations) {
     const value = values[flag];

@@ -21,6 +21,12 @@ export interface WorkerOptions {
   heartbeatTtl?: number;
   /** Longest idle wait between claim passes (at least half of it, jittered). Default 1000. */
   pollInterval?: number;
+  /**
+   * How often old terminal jobs and bookkeeping rows are pruned, beside the claim loop
+   * (jittered ±10 %; the first prune comes at a random point within one interval).
+   * Default 60000.
+   */
+  pruneInterval?: number;
   /** How long a graceful stop waits for running jobs. Default 10000. */
   shutdownTimeout?: number;
   /** Stop after a pass that finds nothing to claim and nothing running. Default false. */
@@ -48,6 +54,7 @@ export const WORKER_DEFAULTS = {
   heartbeatInterval: 5_000,
   heartbeatTtl: 30_000,
   pollInterval: 1_000,
+  pruneInterval: 60_000,
   shutdownTimeout: 10_000,
   batch: false,
   schedules: true,
@@ -60,6 +67,7 @@ const NAMES = new Set([
   "heartbeatInterval",
   "heartbeatTtl",
   "pollInterval",
+  "pruneInterval",
   "shutdownTimeout",
   "batch",
   "maxJobs",
@@ -119,6 +127,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
     heartbeatInterval,
     heartbeatTtl,
     pollInterval: ms("pollInterval"),
+    pruneInterval: ms("pruneInterval"),
     shutdownTimeout: ms("shutdownTimeout"),
     batch: options.batch ?? WORKER_DEFAULTS.batch,
     schedules: options.schedules ?? WORKER_DEFAULTS.schedules,

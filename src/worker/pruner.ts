@@ -1,6 +1,9 @@
 /**
  * The pruner: deletes, in bounded batches, terminal jobs finished longer than `retention`
- * ago, old `periodic_runs` rows, and `limit_starts` marks outside their key's window.
+ * ago, old `periodic_runs` rows, and `limit_starts` marks outside their key's window. Rows
+ * another session holds locked are skipped, never waited for: a transaction that keeps a
+ * finished job locked (a `requeue` not yet committed) must not hold up the prune, nor the
+ * worker's stop, which waits for the prune.
  *
  * @module
  */
@@ -30,6 +33,26 @@ export interface PruneResult {
   limitStarts: number;
 }
 
+/**
+ * The condition of a terminal job (in `failed` only with `includeFailed`) finished more
+ * than $1 milliseconds ago. The states are constants, so the planner can prove that the
+ * partial index on `finished_at` applies.
+ */
+export function oldJobsCondition(includeFailed: boolean): string {
+  const states = includeFailed ? `'succeeded', 'failed', 'cancelled'` : `'succeeded', 'cancelled'`;
+  return `state in (${states}) and finished_at < now() - $1::float8 * interval '1 millisecond'`;
+}
+
+/**
+ * Delete up to $2 jobs of {@linkcode oldJobsCondition} from schema `s` (quoted), skipping
+ * rows another session holds locked. The worker's pruner and `pruneJobs` both use it.
+ */
+export function deleteOldJobsStatement(s: string, includeFailed: boolean): string {
+  return `delete from ${s}.jobs where id in (
+      select id from ${s}.jobs where ${oldJobsCondition(includeFailed)}
+       limit $2 for update skip locked)`;
+}
+
 /** Deletes old rows. */
 export class Pruner {
   #sql: Sql;
@@ -42,20 +65,19 @@ export class Pruner {
     this.#config = { batchSize: 1000, maxBatches: 10, ...config };
     const s = quoteSchema(config.schema);
     this.#statements = {
-      jobs: `delete from ${s}.jobs where id in (
-               select id from ${s}.jobs
-                where state in ('succeeded', 'failed', 'cancelled')
-                  and finished_at < now() - $1 * interval '1 millisecond'
-                limit $2)`,
+      jobs: deleteOldJobsStatement(s, true),
+      // By ctid: the rows are locked by the same statement, so their ctid cannot change.
       periodicRuns: `delete from ${s}.periodic_runs where ctid = any(array(
                select ctid from ${s}.periodic_runs
-                where fire_at < now() - $1 * interval '1 millisecond' limit $2))`,
+                where fire_at < now() - $1 * interval '1 millisecond' limit $2
+                for update skip locked))`,
       limitStarts: `delete from ${s}.limit_starts where ctid = any(array(
                select m.ctid from ${s}.limit_starts m
                 where not exists (select 1 from ${s}.limits l
                                    where l.key = m.key and l."window" is not null
                                      and m.started_at > now() - l."window")
-                limit $1))`,
+                limit $1
+                for update of m skip locked))`,
     };
   }
 

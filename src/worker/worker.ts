@@ -45,7 +45,6 @@ interface LoopService {
   runOnce(): Promise<unknown>;
 }
 
-const PRUNE_EVERY = 60_000;
 const OUTCOME_BATCH = 500;
 const DB_BACKOFF_MAX = 30_000;
 const RELEASE_TIMEOUT = 5_000;
@@ -281,7 +280,7 @@ export class Worker {
     const { config } = this;
     let nextRescue = 0;
     let nextCancel = 0;
-    let nextPrune = performance.now() + Math.random() * PRUNE_EVERY;
+    let nextPrune = performance.now() + Math.random() * config.pruneInterval;
     let dbBackoff = 0;
     while (!this.#stopRequested) {
       await this.#touchHeartbeatFile();
@@ -302,7 +301,7 @@ export class Worker {
           this.#logRescue(await this.#rescuer.runOnce());
         }
         if (now >= nextPrune && this.#pruning === null) {
-          nextPrune = now + PRUNE_EVERY * (0.9 + 0.2 * Math.random());
+          nextPrune = now + config.pruneInterval * (0.9 + 0.2 * Math.random());
           this.#pruning = this.#prune().finally(() => this.#pruning = null);
         }
         for (const service of this.#services) await service.runOnce();
@@ -343,7 +342,7 @@ export class Worker {
 
   /**
    * One prune, off the claim path: deleting thousands of old rows takes a while and no
-   * claim needs to wait for it. A failure is logged; the next prune comes a minute later.
+   * claim needs to wait for it. A failure is logged; the next prune comes an interval later.
    */
   async #prune(): Promise<void> {
     try {
