@@ -10,7 +10,8 @@ import { Heartbeat } from "../src/worker/heartbeat.ts";
 import { Pruner } from "../src/worker/pruner.ts";
 import { Rescuer } from "../src/worker/rescuer.ts";
 import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
-import { startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
+import { connect } from "../src/db.ts";
+import { startWorker, waitFor, waitForJob, withApp, withDatabase } from "./_helpers.ts";
 
 Deno.test("worker options are validated with precise messages", async () => {
   const app = new Akadze({ databaseUrl: "postgres://u@127.0.0.1:1/x_test" });
@@ -711,5 +712,60 @@ Deno.test("four workers racing on one queue run every job exactly once", async (
     const [{ succeeded }] = await sql`
       select count(*) filter (where state = 'succeeded')::int as succeeded from akadze.jobs`;
     assertEquals(succeeded, n);
+  });
+});
+
+Deno.test("with prepare: true, plans a worker made on a near-empty table still use indexes when it grows", async () => {
+  await withDatabase("w_prepared_plans", async (db, sql) => {
+    // No autovacuum: its statistics update would re-plan and hide a plan made too early.
+    await sql`alter table akadze.jobs set (autovacuum_enabled = off)`;
+    const app = new Akadze({ sql: connect(db.url, { max: 4, prepare: true }) });
+    let ran = 0;
+    const work = app.task("work", () => {
+      ran++;
+    });
+    const seqScans = async () => {
+      await sql`select pg_stat_force_next_flush()`;
+      const [{ n }] = await sql`
+        select seq_scan::int as n from pg_stat_user_tables
+         where schemaname = 'akadze' and relname = 'jobs'`;
+      return n as number;
+    };
+    // Two queues: the multi-queue claim, which stays a statement in claimer.ts. Fast
+    // intervals, so that every statement of the loop runs more than the five times after
+    // which PostgreSQL may keep a generic plan of a prepared statement.
+    const w = startWorker(app, {
+      queues: ["default", "other"],
+      slots: 2,
+      pollInterval: 20,
+      heartbeatInterval: 100,
+      heartbeatTtl: 5_000,
+      pruneInterval: 100,
+      schedules: false,
+    });
+    try {
+      for (let i = 0; i < 10; i++) {
+        await work.enqueue({});
+        await work.using({ queue: "other" }).enqueue({});
+        await waitFor(() => ran === 2 * (i + 1), "the jobs to run");
+      }
+      await new Promise((r) => setTimeout(r, 1_500)); // a cancel pass runs once a second
+      await sql`insert into akadze.jobs (task, state, run_count, started_at, finished_at)
+                select 'work', 'succeeded', 1, now(), now() from generate_series(1, 20000)`;
+      // Other backends report their counts up to a second late: wait until the scans made
+      // on the small table (custom plans may rightly scan it) are all counted.
+      await new Promise((r) => setTimeout(r, 1_200));
+      const before = await seqScans();
+      for (let i = 0; i < 5; i++) {
+        await work.enqueue({});
+        await work.using({ queue: "other" }).enqueue({});
+      }
+      await waitFor(() => ran === 30, "the jobs to run");
+      await new Promise((r) => setTimeout(r, 1_500));
+      assertEquals(await seqScans() - before, 0, "a statement of the worker scanned the table");
+    } finally {
+      await w.stop();
+      await app.close();
+    }
   });
 });
