@@ -34,9 +34,9 @@ export interface PruneResult {
 }
 
 /**
- * The condition of a terminal job (in `failed` only with `includeFailed`) finished more
- * than $1 milliseconds ago. The states are constants, so the planner can prove that the
- * partial index on `finished_at` applies.
+ * The condition of a job that finished more than $1 milliseconds ago, `succeeded` or
+ * `cancelled` (or `failed`, with `includeFailed`). The states are constants, so the
+ * planner can prove that the partial index on `finished_at` applies.
  */
 export function oldJobsCondition(includeFailed: boolean): string {
   const states = includeFailed ? `'succeeded', 'failed', 'cancelled'` : `'succeeded', 'cancelled'`;
