@@ -4,7 +4,7 @@
 //
 //   deno task bench [--rounds 3] [--n 50000] [--only akadze,graphile,pgboss] [--out FILE]
 //                   [--single 1000] [--samples 300] [--warmup 100] [--retained 1000000]
-//                   [--idle 30]
+//                   [--idle 30] [--latency-worker in-process|process]
 //                   [--timeout 900] [--entries akadze,graphile,...] [--pg name=value]...
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
 import postgres from "postgres";
@@ -50,6 +50,8 @@ interface Flags {
   samples: number;
   /** Unmeasured repetitions before the single-row and the latency measurements. */
   warmup: number;
+  /** Where akadze's latency worker runs: beside the enqueue, like the peers', or apart. */
+  latencyWorker: "in-process" | "process";
   batchRows: number;
   retained: number;
   idle: number;
@@ -62,7 +64,7 @@ function usage(message: string): never {
   console.error(
     "usage: deno task bench [--smoke] [--rounds R] [--n N] [--only akadze|graphile|pgboss[,...]]\n" +
       "       [--out FILE.json] [--single K] [--samples S] [--warmup W] [--retained M]\n" +
-      "       [--idle SECONDS]" +
+      "       [--idle SECONDS] [--latency-worker in-process|process]" +
       " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]...",
   );
   Deno.exit(2);
@@ -78,6 +80,7 @@ function parseFlags(args: string[]): Flags {
     single: smoke ? 20 : 1_000,
     samples: smoke ? 20 : 300,
     warmup: smoke ? 5 : 100,
+    latencyWorker: "in-process",
     batchRows: 5_000,
     retained: smoke ? 0 : 1_000_000,
     idle: smoke ? 0 : 30,
@@ -118,6 +121,14 @@ function parseFlags(args: string[]): Flags {
       case "--warmup":
         flags.warmup = count(0);
         break;
+      case "--latency-worker": {
+        const v = value();
+        if (v !== "in-process" && v !== "process") {
+          usage(`--latency-worker takes in-process or process, got ${v}`);
+        }
+        flags.latencyWorker = v;
+        break;
+      }
       case "--batch-rows":
         flags.batchRows = count(1);
         break;
@@ -535,6 +546,7 @@ async function runEntry(
         single: entry.retained ? 0 : flags.single,
         samples: entry.retained ? 0 : flags.samples,
         warmup: flags.warmup,
+        latencyWorker: flags.latencyWorker,
         retained: entry.retained ?? 0,
         app: entry.config.app as DriverSpec["app"],
         worker: entry.config.worker as DriverSpec["worker"],
@@ -802,7 +814,8 @@ function markdown(report: Report): string {
       `${report.params.samples} latency samples (each measurement after ${
         report.params.warmup ?? 0
       } ` +
-      `unmeasured ones, so that every system's client code runs warm); ` +
+      `unmeasured ones, so that every system's client code runs warm; ` +
+      `${latencyWhere(report.params.latencyWorker)}); ` +
       `${report.params.rounds} round(s), systems ` +
       `interleaved (order rotated each round), a fresh database per system and round. ` +
       `Cells: median (min–max over rounds).`,
@@ -901,6 +914,7 @@ interface Report {
     single: number;
     samples: number;
     warmup?: number;
+    latencyWorker?: "in-process" | "process";
     retained: number;
     idle: number;
   };
@@ -1013,6 +1027,7 @@ async function main(): Promise<number> {
         single: flags.single,
         samples: flags.samples,
         warmup: flags.warmup,
+        latencyWorker: flags.latencyWorker,
         retained: flags.retained,
         idle: flags.idle,
       },
@@ -1052,3 +1067,11 @@ try {
   code = interrupted ? 130 : 2;
 }
 Deno.exit(code);
+
+/** Where the latency samples' workers ran, for the results' header. */
+function latencyWhere(latencyWorker: "in-process" | "process" | undefined): string {
+  // Results written before the flag existed had akadze's latency worker in its own process.
+  return (latencyWorker ?? "process") === "in-process"
+    ? "every system's latency worker runs in the process that enqueues"
+    : "akadze's latency worker runs in a process of its own, the peers' in the process that enqueues";
+}

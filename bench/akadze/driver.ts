@@ -1,9 +1,10 @@
 // One akadze run of the benchmark on a fresh database: bulk enqueue, burn-down drain (the
 // worker in its own process), dead tuples, single-row enqueue, serial latency. Prints one
 // line "BENCH_RESULT {json}". Started by bench/run.ts with a JSON spec as argument.
-import { Akadze, migrate, type WorkerOptions } from "../../mod.ts";
+import { Akadze, migrate, Worker, type WorkerOptions } from "../../mod.ts";
 import { LineReader, LineWriter } from "../lib/lines.ts";
 import type { WorkerSpec } from "./worker.ts";
+import { workerApp } from "./worker_app.ts";
 
 /** What bench/run.ts asks of one akadze run. */
 export interface DriverSpec {
@@ -24,6 +25,11 @@ export interface DriverSpec {
   worker: WorkerOptions;
   /** Worker instances in the worker process. Default 1. */
   instances?: number;
+  /**
+   * Where the latency worker runs: in this process, beside the enqueue, as the peers'
+   * drivers run theirs (default), or in a process of its own.
+   */
+  latencyWorker?: "in-process" | "process";
   postmasterPid?: number;
 }
 
@@ -168,26 +174,68 @@ try {
 
   // 5) serial enqueue -> handler start latency, idle worker.
   if (spec.samples > 0) {
-    const w = spawnWorker("latency");
-    const ready = await w.next();
-    if (ready.event !== "ready") throw new Error(`unexpected ${JSON.stringify(ready)}`);
-    const samples: number[] = [];
-    for (let i = 0; i < spec.warmup + spec.samples; i++) {
-      const message = w.next();
-      await lat.enqueue({ t0: wallMs() });
-      const m = await message;
-      if (m.event !== "lat") throw new Error(`unexpected ${JSON.stringify(m)}`);
-      if (i >= spec.warmup) samples.push(m.ms as number);
-    }
-    await w.stdin.write("stop");
-    await w.next(); // exit
-    await w.child.status;
-    await w.stdin.close();
-    result.latency = summarize(samples);
+    const latency = spec.latencyWorker === "process" ? processLatency : inProcessLatency;
+    result.latency = summarize(await latency());
   }
   console.log(`BENCH_RESULT ${JSON.stringify(result)}`);
 } finally {
   await app.close();
+}
+
+/** Latency samples with the worker in a process of its own. */
+async function processLatency(): Promise<number[]> {
+  const w = spawnWorker("latency");
+  const ready = await w.next();
+  if (ready.event !== "ready") throw new Error(`unexpected ${JSON.stringify(ready)}`);
+  const samples: number[] = [];
+  for (let i = 0; i < spec.warmup + spec.samples; i++) {
+    const message = w.next();
+    await lat.enqueue({ t0: wallMs() });
+    const m = await message;
+    if (m.event !== "lat") throw new Error(`unexpected ${JSON.stringify(m)}`);
+    if (i >= spec.warmup) samples.push(m.ms as number);
+  }
+  await w.stdin.write("stop");
+  await w.next(); // exit
+  await w.child.status;
+  await w.stdin.close();
+  return samples;
+}
+
+/**
+ * Latency samples with the worker in this process, on a pool of its own, as the peers'
+ * drivers measure theirs (their enqueue and worker share one Node process).
+ */
+async function inProcessLatency(): Promise<number[]> {
+  const { app: latencyApp, close } = workerApp(spec.url, spec.app);
+  let started: (ms: number) => void = () => {};
+  latencyApp.task("lat", ({ t0 }) => started(wallMs() - (t0 as number)));
+  const worker = new Worker(latencyApp, { schedules: false, ...spec.worker });
+  const run = worker.run();
+  // A worker that stops before the last sample fails the run instead of hanging it.
+  const early = run.then((exit) => {
+    throw new Error(`latency worker stopped: ${exit.reason} ${exit.message ?? ""}`);
+  });
+  early.catch(() => {}); // also rejects at the normal stop below; awaited only in the race
+  try {
+    // Open the pool's connections first, as the worker process does.
+    await Promise.all(
+      Array.from({ length: Math.min(spec.app.max ?? 10, 4) }, () => latencyApp.sql`select 1`),
+    );
+    await new Promise((r) => setTimeout(r, 1_000)); // registered and listening
+    const samples: number[] = [];
+    for (let i = 0; i < spec.warmup + spec.samples; i++) {
+      const sample = new Promise<number>((resolve) => started = resolve);
+      await lat.enqueue({ t0: wallMs() });
+      const ms = await Promise.race([sample, early]);
+      if (i >= spec.warmup) samples.push(ms);
+    }
+    return samples;
+  } finally {
+    worker.stop();
+    await run;
+    await close();
+  }
 }
 
 function summarize(samples: number[]) {

@@ -7,9 +7,10 @@
 //   latency: run; each `lat` job prints its enqueue→start latency.
 //   idle:    run until stopped (the driver samples our CPU time).
 import postgres from "postgres";
-import { Akadze, Worker, type WorkerOptions } from "../../mod.ts";
+import { Worker, type WorkerOptions } from "../../mod.ts";
 import { cpuMs, peakRssKb, postgresCpuMs } from "../lib/proc.ts";
 import { LineReader } from "../lib/lines.ts";
+import { workerApp, type WorkerAppSpec } from "./worker_app.ts";
 
 /** What the driver asks of this process. */
 export interface WorkerSpec {
@@ -17,11 +18,7 @@ export interface WorkerSpec {
   mode: "drain" | "latency" | "idle";
   /** drain: how many jobs to wait for. */
   n: number;
-  /**
-   * Options of the app's pool. `jit: false` opens the pool itself (postgres.js, with
-   * connect()'s defaults) with the session setting jit=off and hands it to the app as `sql`.
-   */
-  app: { max?: number; prepare?: boolean; jit?: boolean; retention?: number };
+  app: WorkerAppSpec;
   worker: WorkerOptions;
   /** How many Worker instances share the process (and the app's pool). Default 1. */
   instances?: number;
@@ -33,21 +30,7 @@ const spec: WorkerSpec = JSON.parse(Deno.args[0]);
 const send = (message: Record<string, unknown>) => console.log(JSON.stringify(message));
 const wallMs = () => performance.timeOrigin + performance.now();
 
-const { jit, retention, ...appOptions } = spec.app;
-const ownSql = jit === false
-  ? postgres(spec.url, {
-    max: appOptions.max ?? 10,
-    prepare: appOptions.prepare ?? false,
-    idle_timeout: 30,
-    connect_timeout: 10,
-    max_lifetime: 60 * 30,
-    onnotice: () => {},
-    connection: { application_name: "akadze", jit: "off" },
-  })
-  : undefined;
-const app = ownSql
-  ? new Akadze({ sql: ownSql, retention })
-  : new Akadze({ databaseUrl: spec.url, ...appOptions, retention });
+const { app, close } = workerApp(spec.url, spec.app);
 let started = 0;
 let allStarted!: () => void;
 const everyJobStarted = new Promise<void>((resolve) => allStarted = resolve);
@@ -144,7 +127,6 @@ if (spec.mode === "drain") {
   send({ event: "ready", pid: Deno.pid });
 }
 const exit = await run;
-await app.close();
-await ownSql?.end({ timeout: 5 });
+await close();
 send({ event: "exit", code: exit.code, reason: exit.reason, message: exit.message });
 Deno.exit(exit.code);
