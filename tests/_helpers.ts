@@ -159,3 +159,43 @@ export async function waitForJob(
 export function workClaimer(sql: Sql): Claimer {
   return new Claimer(sql, { schema: "akadze", workerId: "w1", tasks: ["work"], hooks: [] });
 }
+
+/** Sequential scans of akadze.jobs so far, with `sql`'s own pending counts reported first. */
+export async function jobsSeqScans(sql: Sql): Promise<number> {
+  await sql`select pg_stat_force_next_flush()`;
+  const [{ n }] = await sql`
+    select seq_scan::int as n from pg_stat_user_tables
+     where schemaname = 'akadze' and relname = 'jobs'`;
+  return n;
+}
+
+/** A transaction of another session, holding what `take` locked until `release()`. */
+export interface HeldLocks {
+  /** End the transaction (rolled back) and close its connection. */
+  release(): Promise<void>;
+}
+
+/** Open a session on `url`, run `take` in a transaction, and keep it open until released. */
+export async function holdLocks(
+  url: string,
+  take: (tx: postgres.TransactionSql) => Promise<unknown>,
+): Promise<HeldLocks> {
+  const holder = postgres(url, { max: 1, onnotice: () => {} });
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => release = resolve);
+  let locked!: () => void;
+  const isLocked = new Promise<void>((resolve) => locked = resolve);
+  const holding = holder.begin(async (tx) => {
+    await take(tx);
+    locked();
+    await released;
+  });
+  await Promise.race([isLocked, holding]);
+  return {
+    async release() {
+      release();
+      await holding;
+      await holder.end();
+    },
+  };
+}

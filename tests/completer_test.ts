@@ -4,7 +4,7 @@
 import { connect } from "../src/db.ts";
 import { Completer } from "../src/worker/completer.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { withApp, workClaimer } from "./_helpers.ts";
+import { jobsSeqScans, withApp, workClaimer } from "./_helpers.ts";
 
 Deno.test("a batch outcome write looks jobs up by primary key when statistics say none run", async () => {
   await withApp("completer_plan", async (_app, sql, db) => {
@@ -77,22 +77,19 @@ Deno.test("claim and outcome plans made on a near-empty table still look jobs up
         ]);
         assertEquals(written.map((r) => r.state), ["succeeded"]);
       };
-      const seqScans = async () => {
-        await one`select pg_stat_force_next_flush()`;
-        const [{ n }] = await one`
-          select seq_scan::int as n from pg_stat_user_tables
-           where schemaname = 'akadze' and relname = 'jobs'`;
-        return n as number;
-      };
       // Both plans are made now, on a table of one row.
       await work.enqueue({});
       await runOne();
       await sql`insert into akadze.jobs (task, state, run_count, started_at, finished_at)
                 select 'work', 'succeeded', 1, now(), now() from generate_series(1, 20000)`;
       await work.enqueue({});
-      const before = await seqScans();
+      const before = await jobsSeqScans(one);
       await runOne();
-      assertEquals(await seqScans() - before, 0, "a claim or an outcome write scanned the table");
+      assertEquals(
+        await jobsSeqScans(one) - before,
+        0,
+        "a claim or an outcome write scanned the table",
+      );
     } finally {
       await one.end();
     }

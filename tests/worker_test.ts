@@ -11,7 +11,15 @@ import { Pruner } from "../src/worker/pruner.ts";
 import { Rescuer } from "../src/worker/rescuer.ts";
 import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
 import { connect } from "../src/db.ts";
-import { startWorker, waitFor, waitForJob, withApp, withDatabase } from "./_helpers.ts";
+import {
+  holdLocks,
+  jobsSeqScans,
+  startWorker,
+  waitFor,
+  waitForJob,
+  withApp,
+  withDatabase,
+} from "./_helpers.ts";
 
 Deno.test("worker options are validated with precise messages", async () => {
   const app = new Akadze({ databaseUrl: "postgres://u@127.0.0.1:1/x_test" });
@@ -598,26 +606,16 @@ Deno.test("a prune skips rows another transaction holds locked instead of waitin
     const pruner = new Pruner(app.sql, { schema: app.schema, retention: 86_400_000, grace: 0 });
     // Another session keeps one old job and one old fire locked (say, a requeue not yet
     // committed), for longer than the prune may take.
-    const holder = postgres(db.url, { max: 1, onnotice: () => {} });
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => release = resolve);
-    let locked!: () => void;
-    const isLocked = new Promise<void>((resolve) => locked = resolve);
-    const holding = holder.begin(async (tx) => {
+    const held = await holdLocks(db.url, async (tx) => {
       await tx`select 1 from akadze.jobs where id = ${old[0].id} for update`;
       await tx`select 1 from akadze.periodic_runs where name = 'a' for update`;
-      locked();
-      await released;
     });
     try {
-      await isLocked;
       const timeout = new Promise<"waited">((r) => setTimeout(() => r("waited"), 5_000));
       const pruned = await Promise.race([pruner.runOnce(), timeout]);
       assertEquals(pruned, { jobs: 2, periodicRuns: 1, limitStarts: 0 });
     } finally {
-      release();
-      await holding;
-      await holder.end();
+      await held.release();
     }
     assertEquals((await pruner.runOnce()).jobs, 1, "the row is pruned once it is free");
     assertEquals((await sql`select count(*)::int as n from akadze.periodic_runs`)[0].n, 0);
@@ -634,17 +632,10 @@ Deno.test("the worker keeps claiming while its prune waits on a lock, and prunes
               values ('job', 'succeeded', now() - interval '8 days')`;
     await sql`insert into akadze.periodic_runs (name, fire_at) values ('a', now() - interval '3 days')`;
     // A lock the claim path never asks for (no schedules here), but the prune does.
-    const holder = postgres(db.url, { max: 1, onnotice: () => {} });
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => release = resolve);
-    let locked!: () => void;
-    const isLocked = new Promise<void>((resolve) => locked = resolve);
-    const holding = holder.begin(async (tx) => {
-      await tx`lock table akadze.periodic_runs in access exclusive mode`;
-      locked();
-      await released;
-    });
-    await isLocked;
+    const held = await holdLocks(
+      db.url,
+      (tx) => tx`lock table akadze.periodic_runs in access exclusive mode`,
+    );
     const w = startWorker(app, { pruneInterval: 50, schedules: false });
     try {
       await waitFor(async () => {
@@ -656,9 +647,7 @@ Deno.test("the worker keeps claiming while its prune waits on a lock, and prunes
       for (let n = 0; n < 5; n++) await job.enqueue({ n });
       await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 10_000);
     } finally {
-      release();
-      await holding;
-      await holder.end();
+      await held.release();
     }
     await waitFor(async () => {
       const [{ n }] = await sql`select count(*)::int as n from akadze.periodic_runs`;
@@ -724,13 +713,6 @@ Deno.test("with prepare: true, plans a worker made on a near-empty table still u
     const work = app.task("work", () => {
       ran++;
     });
-    const seqScans = async () => {
-      await sql`select pg_stat_force_next_flush()`;
-      const [{ n }] = await sql`
-        select seq_scan::int as n from pg_stat_user_tables
-         where schemaname = 'akadze' and relname = 'jobs'`;
-      return n as number;
-    };
     // Two queues: the multi-queue claim, which stays a statement in claimer.ts. Fast
     // intervals, so that every statement of the loop runs more than the five times after
     // which PostgreSQL may keep a generic plan of a prepared statement.
@@ -755,14 +737,18 @@ Deno.test("with prepare: true, plans a worker made on a near-empty table still u
       // Other backends report their counts up to a second late: wait until the scans made
       // on the small table (custom plans may rightly scan it) are all counted.
       await new Promise((r) => setTimeout(r, 1_200));
-      const before = await seqScans();
+      const before = await jobsSeqScans(sql);
       for (let i = 0; i < 5; i++) {
         await work.enqueue({});
         await work.using({ queue: "other" }).enqueue({});
       }
       await waitFor(() => ran === 30, "the jobs to run");
       await new Promise((r) => setTimeout(r, 1_500));
-      assertEquals(await seqScans() - before, 0, "a statement of the worker scanned the table");
+      assertEquals(
+        await jobsSeqScans(sql) - before,
+        0,
+        "a statement of the worker scanned the table",
+      );
     } finally {
       await w.stop();
       await app.close();
