@@ -1,6 +1,7 @@
 // One akadze run of the benchmark on a fresh database: bulk enqueue, burn-down drain (the
-// worker in its own process), dead tuples, single-row enqueue, serial latency. Prints one
-// line "BENCH_RESULT {json}". Started by bench/run.ts with a JSON spec as argument.
+// worker in its own process), dead tuples, single-row enqueue, serial latency (the worker
+// beside the enqueue, as the peers' drivers measure it). Prints one line
+// "BENCH_RESULT {json}". Started by bench/run.ts with a JSON spec as argument.
 import { Akadze, migrate, Worker, type WorkerOptions } from "../../mod.ts";
 import { LineReader, LineWriter } from "../lib/lines.ts";
 import type { WorkerSpec } from "./worker.ts";
