@@ -189,7 +189,8 @@ AS $$
 $$;
 
 -- The state an outcome of `p_kind` leads to: a cancel request wins; a retry with no attempts
--- left fails. A one-expression SQL function, inlined where it is used.
+-- left fails. A one-expression SQL function, inlined where it is used (the outcome write, and
+-- the rescuer, for which a lost run is a retry).
 CREATE FUNCTION {{schema}}.outcome_state(
   p_cancel_requested boolean, p_kind text, p_attempt integer, p_max_attempts integer)
 RETURNS text

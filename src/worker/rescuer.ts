@@ -48,9 +48,13 @@ export class Rescuer {
          for update of c skip locked)
       update ${s}.jobs j set
         attempt = j.attempt + 1,
-        state = case when j.attempt + 1 < j.max_attempts then 'queued' else 'failed' end,
+        -- A lost run is a retry: queued again, or failed when no attempt is left. A cancel
+        -- request is left to the cancel pass (queued) or kept on the failed job.
+        state = ${s}.outcome_state(false, 'retry', j.attempt, j.max_attempts),
         run_at = now(),
-        finished_at = case when j.attempt + 1 < j.max_attempts then null else now() end,
+        finished_at = case when ${s}.outcome_state(false, 'retry', j.attempt, j.max_attempts)
+                                = 'queued'
+                           then null else now() end,
         worker_id = null,
         errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
           'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run'))
