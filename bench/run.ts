@@ -914,7 +914,7 @@ interface Report {
     single: number;
     samples: number;
     warmup?: number;
-    latencyWorker?: "in-process" | "process";
+    latencyWorker: "in-process" | "process";
     retained: number;
     idle: number;
   };
@@ -1069,9 +1069,8 @@ try {
 Deno.exit(code);
 
 /** Where the latency samples' workers ran, for the results' header. */
-function latencyWhere(latencyWorker: "in-process" | "process" | undefined): string {
-  // Results written before the flag existed had akadze's latency worker in its own process.
-  return (latencyWorker ?? "process") === "in-process"
+function latencyWhere(latencyWorker: "in-process" | "process"): string {
+  return latencyWorker === "in-process"
     ? "every system's latency worker runs in the process that enqueues"
     : "akadze's latency worker runs in a process of its own, the peers' in the process that enqueues";
 }
