@@ -5,7 +5,14 @@ import { Completer } from "../src/worker/completer.ts";
 import { defaultBackoff, nextDelay } from "../src/worker/backoff.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
+import {
+  type HeldLocks,
+  holdLocks,
+  startWorker,
+  waitFor,
+  waitForJob,
+  withApp,
+} from "./_helpers.ts";
 
 type Row = Record<string, unknown> & { errors: { error: string; message: string; at: string }[] };
 
@@ -304,7 +311,7 @@ Deno.test("control exceptions from another copy of akadze are recognised by thei
 });
 
 Deno.test("a stalled outcome write stops the claiming near twice the slots; nothing is lost", async () => {
-  await withApp("out_write_room", async (app, sql) => {
+  await withApp("out_write_room", async (app, sql, db) => {
     let openGate!: () => void;
     const gate = new Promise<void>((r) => openGate = r);
     let calls = 0;
@@ -315,20 +322,14 @@ Deno.test("a stalled outcome write stops the claiming near twice the slots; noth
     const first = await work.enqueue({ i: 0 });
     const slots = 2;
     const w = startWorker(app, { slots });
-    let unlock!: () => void;
-    const unlocked = new Promise<void>((r) => unlock = r);
-    let holder: Promise<unknown> | null = null;
+    let held: HeldLocks | null = null;
     try {
       await waitForJob(sql, first, (r) => r.state === "running", "the first job to run");
       // Another transaction holds the first job's row: its outcome write will wait for it.
-      let locked!: () => void;
-      const isLocked = new Promise<void>((r) => locked = r);
-      holder = sql.begin(async (tx) => {
-        await tx`select 1 from akadze.jobs where id = ${first} for update`;
-        locked();
-        await unlocked;
-      });
-      await isLocked;
+      held = await holdLocks(
+        db.url,
+        (tx) => tx`select 1 from akadze.jobs where id = ${first} for update`,
+      );
       openGate();
       await waitFor(async () => {
         const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
@@ -351,14 +352,12 @@ Deno.test("a stalled outcome write stops the claiming near twice the slots; noth
       assert(stalled.queued >= 31 - 3 * slots, JSON.stringify(stalled));
       assertEquals(calls, stalled.running);
 
-      unlock();
-      await holder;
-      holder = null;
+      await held.release();
+      held = null;
       await waitFor(async () => (await counts()).succeeded === 31, "every job to succeed");
       assertEquals(calls, 31);
     } finally {
-      unlock();
-      await holder;
+      await held?.release();
       await w.stop();
     }
   });
