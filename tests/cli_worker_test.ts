@@ -182,6 +182,7 @@ Deno.test("missing module, bad export, non-app export and bad flags: exit 2, one
       [["worker", path, "--slots", "abc"], /--slots must be an integer/],
       [["worker", path, "--shutdown-timeout", "soon"], /--shutdown-timeout must be a positive/],
       [["worker", path, "--poll-interval", "0"], /--poll-interval must be a positive/],
+      [["worker", path, "--prune-interval", "0"], /--prune-interval must be a positive/],
       [["worker", path, "--max-jobs", "1.5"], /--max-jobs must be an integer/],
       [["worker", path, "--processes", "2", "--batch"], /--batch runs a single process/],
       [["worker", path, "--log-format", "xml"], /--log-format must be/],

@@ -114,6 +114,9 @@ Deno.test("worker process command line: same flags, --processes 1 --slot K first
   assertEquals([child.processes, child.slot, child.supervisorPid], [1, 2, 4242]);
   assertEquals(child.worker.heartbeatFile, "/x/hb");
   assertEquals(child.passthrough, line.passthrough);
+  // Durations are seconds on the command line, milliseconds in the options.
+  const pruning = parseWorkerCommandLine(["./app.ts", "--prune-interval", "2.5"], "worker");
+  assertEquals(pruning.worker.pruneInterval, 2_500);
   // A "--" before APP stays last, so the added flags are never taken for positionals.
   const dashed = parseWorkerCommandLine(["--processes", "2", "--", "./app.ts"], "worker");
   assertEquals(childArguments(dashed.passthrough, 0, 1).slice(-2), ["--", "./app.ts"]);
