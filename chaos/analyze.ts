@@ -46,6 +46,8 @@ export interface DbState {
     errors: { error: string; message: string }[];
     created_at: Date;
     finished_at: Date | null;
+    /** Whether the count that ended the drain saw this row version (true without a drain). */
+    seen_at_drain: boolean;
   }[];
   expected: { seq: number; kind: Kind; job_id: string; limit_key: string | null }[];
   transitions: {
@@ -172,9 +174,10 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
   const byState: Record<string, number> = {};
   for (const j of db.jobs) byState[j.state] = (byState[j.state] ?? 0) + 1;
   // A schedule keeps firing until the workers stop: a tick enqueued after the drain may
-  // still be queued, for the next worker to run.
+  // still be queued, for the next worker to run. "After" is by the drain's snapshot, not by
+  // created_at: a tick's transaction can start before the drain's count and commit after it.
   const late = (j: DbState["jobs"][number]) =>
-    kindOf(j.task) === "tick" && j.state === "queued" && ms(j.created_at) >= run.drainedAt;
+    kindOf(j.task) === "tick" && j.state === "queued" && !j.seen_at_drain;
   const active = db.jobs.filter((j) => (j.state === "queued" || j.state === "running") && !late(j));
   const leftTicks = db.jobs.filter(late).length;
   add(

@@ -677,16 +677,20 @@ try {
   // --- Drain with the faults off.
   const drainFrom = Date.now();
   let drained = false;
+  // The snapshot of the count that found the drain over: a job it did not see (a tick whose
+  // transaction was still open then) came after the drain.
+  let drainSnapshot: string | null = null;
   while (Date.now() - drainFrom < DRAIN_TIMEOUT) {
     const [c] = await retrying(
       "the drain count",
       () =>
         appSql`select count(*) filter (where state in ('queued', 'running'))::int as active,
-                    count(*)::int as total
+                    count(*)::int as total, pg_current_snapshot()::text as snapshot
                from akadze.jobs`,
     );
     if (c.active === 0 && c.total >= JOBS) {
       drained = true;
+      drainSnapshot = c.snapshot;
       break;
     }
     await sleep(500);
@@ -738,7 +742,7 @@ try {
         .join(", ") || "?"
     }`
   );
-  const db = await readDb(appSql);
+  const db = await readDb(appSql, drainSnapshot);
   await Deno.writeTextFile(
     `${logDir}/run.json`,
     JSON.stringify({ t0, faults, outages, workers: activeFleet.all, samples, db: db.state }),
@@ -802,10 +806,16 @@ try {
 }
 Deno.exit(exitCode);
 
-async function readDb(sql: postgres.Sql): Promise<{ state: DbState; duplicates: number }> {
+async function readDb(
+  sql: postgres.Sql,
+  drainSnapshot: string | null,
+): Promise<{ state: DbState; duplicates: number }> {
+  // xmin read as an xid8 of epoch 0: true of a throwaway cluster, far from 2^32 transactions.
   const jobs = await sql`
     select id::text as id, task, state, attempt, max_attempts, run_count, result, errors,
-           created_at, finished_at
+           created_at, finished_at,
+           coalesce(pg_visible_in_snapshot(xmin::text::xid8, ${drainSnapshot}::pg_snapshot),
+                    true) as seen_at_drain
       from akadze.jobs order by id`;
   const expected = await sql`
     select seq, kind, job_id::text as job_id, limit_key from chaos.expected order by seq`;
