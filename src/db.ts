@@ -26,6 +26,16 @@ export interface ConnectOptions {
   connectTimeout?: number;
 }
 
+/**
+ * Query options for akadze's statements on the hot path: prepared when the pool prepares,
+ * one round trip instead of two. postgres.js's `unsafe` never prepares unless asked, and a
+ * `prepare: false` pool overrides the ask (PgBouncer stays safe). Only for statements whose
+ * plan cannot turn into a scan of a grown table: a plan PostgreSQL keeps for a prepared
+ * statement may have been made while the table was nearly empty (tests/worker_test.ts,
+ * "with prepare: true").
+ */
+export const PREPARED: { readonly prepare: true } = { prepare: true };
+
 /** The schema name used when none is given. */
 export const DEFAULT_SCHEMA = "akadze";
 

@@ -4,7 +4,14 @@
  *
  * @module
  */
-import { atomically, jobsChannel, quoteSchema, type Sql, type TransactionSql } from "./db.ts";
+import {
+  atomically,
+  jobsChannel,
+  PREPARED,
+  quoteSchema,
+  type Sql,
+  type TransactionSql,
+} from "./db.ts";
 import { AkadzeError, DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
@@ -261,7 +268,7 @@ async function insertRows(
     ];
     if (host.notify) params.push(jobsChannel(host.schema));
     const text = insertStatement(host, { one, unique, full: hooks.length > 0 });
-    const inserted = await tx.unsafe(text, params as string[]);
+    const inserted = await tx.unsafe(text, params as string[], PREPARED);
     if (inserted.length < argsList.length) {
       throw new DuplicateJob(
         `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running` +

@@ -756,3 +756,40 @@ Deno.test("with prepare: true, plans a worker made on a near-empty table still u
     }
   });
 });
+
+Deno.test("the worker and the enqueue prepare their statements when the pool does, and only then", async () => {
+  await withDatabase("w_prepare_option", async (db) => {
+    for (const prepare of [true, false]) {
+      // One connection: what the worker and the enqueue prepared is visible to the last query.
+      const app = new Akadze({ sql: connect(db.url, { max: 1, prepare }) });
+      let ran = 0;
+      const work = app.task("work", () => {
+        ran++;
+      });
+      const w = startWorker(app, { pollInterval: 20, schedules: false });
+      try {
+        for (let i = 0; i < 3; i++) await work.enqueue({});
+        await waitFor(() => ran === 3, "the jobs to run");
+      } finally {
+        await w.stop();
+      }
+      const statements = (await app.sql.unsafe(
+        "select statement from pg_prepared_statements",
+      )).map((r) => String(r.statement));
+      await app.close();
+      const ours = [
+        "claim_one(",
+        "complete_jobs(",
+        'insert into "akadze".jobs',
+        '"akadze".workers',
+      ];
+      for (const text of ours) {
+        assertEquals(
+          statements.some((s) => s.includes(text)),
+          prepare,
+          `prepare: ${prepare}, a statement with ${text}: ${statements.join(" | ")}`,
+        );
+      }
+    }
+  });
+});

@@ -8,7 +8,7 @@
  *
  * @module
  */
-import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
+import { PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
 import { JOB_RETURNING, type JobRow, runTransitionHooks, TransitionHookError } from "./job_row.ts";
 
@@ -128,7 +128,11 @@ export class Claimer {
    */
   async cancel(queues: readonly string[]): Promise<CancelResult> {
     const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) =>
-      sql.unsafe(this.#statements.cancel, [queues as string[], n, excluded]) as unknown as Promise<
+      sql.unsafe(
+        this.#statements.cancel,
+        [queues as string[], n, excluded],
+        PREPARED,
+      ) as unknown as Promise<
         JobRow[]
       >;
     if (this.#config.hooks.length === 0) {
@@ -159,9 +163,10 @@ export class Claimer {
           Math.min(n, requests[0].slots),
           excluded,
           workerId,
-        ]));
+        ], PREPARED));
       }
       const slots = requests.map((r) => r.slots);
+      // Not PREPARED: its kept plan would scan the grown table (see PREPARED).
       return this.#claimed(sql.unsafe(this.#statements.claim, [
         requests.map((r) => r.queue),
         slots,
@@ -196,6 +201,7 @@ export class Claimer {
       n: number,
       excluded: string[],
     ): Promise<ClaimedJob[]> => {
+      // The statements on jobs are not PREPARED, as the multi-queue claim is not.
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks])).map((r) => r.key);
       if (keys.length === 0) return [];
       // Serialise claimers of the same keys; the claim below then counts with a fresh

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { isTransientError, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
+import { isTransientError, PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { JobState, OnTransitionHook } from "../job.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 
@@ -109,7 +109,7 @@ export class Completer {
 
   /** The batch write, read as arrays of {@linkcode WrittenRow} fields. */
   async #short(outcomes: readonly Outcome[], tx: Sql | TransactionSql = this.#sql) {
-    const rows = await tx.unsafe(this.#shortText, params(outcomes)).values();
+    const rows = await tx.unsafe(this.#shortText, params(outcomes), PREPARED).values();
     return rows.map((v): WrittenRow => ({ id: v[0], state: v[1], attempt: v[2], runAt: v[3] }));
   }
 
