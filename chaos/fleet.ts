@@ -41,6 +41,8 @@ export interface FleetOptions {
   workerArgs: string[];
   /** Where the log files go. */
   logDir: string;
+  /** Extra environment of the workers. */
+  env: Record<string, string>;
   /** Called when a worker exits without the harness having ended it. */
   onUnexpectedExit(worker: WorkerProcess): void;
 }
@@ -62,13 +64,17 @@ export class Fleet {
 
   /** Start one worker process. */
   spawn(): WorkerProcess {
-    const { root, url, workerArgs, logDir } = this.#options;
+    const { root, url, workerArgs, logDir, env } = this.#options;
     const idx = this.all.length + 1;
     const sep = url.includes("?") ? "&" : "?";
     const child = new Deno.Command(Deno.execPath(), {
       args: ["run", "--allow-all", `${root}/cli.ts`, "worker", "chaos/app.ts", ...workerArgs],
       cwd: root,
-      env: { AKADZE_DATABASE_URL: `${url}${sep}application_name=chaos_w${idx}`, NO_COLOR: "1" },
+      env: {
+        ...env,
+        AKADZE_DATABASE_URL: `${url}${sep}application_name=chaos_w${idx}`,
+        NO_COLOR: "1",
+      },
       stdin: "null",
       stdout: "piped",
       stderr: "piped",

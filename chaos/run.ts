@@ -45,6 +45,7 @@ Options:
   --minutes M     length of the fault window, decimals allowed (default 3)
   --seed S        seed of the job plan and the fault schedule (default: random, printed)
   --slots N       slots per queue of each worker (default 6)
+  --prepare       workers and producers use prepared statements (prepare: true)
   --logs DIR      write the workers' logs there (default: a temporary directory)
   --keep-logs     keep the logs when every assertion passed (they are kept otherwise)
   -h, --help      show this help
@@ -93,6 +94,7 @@ const { values: flags } = parseArgs({
     minutes: { type: "string" },
     seed: { type: "string" },
     slots: { type: "string" },
+    prepare: { type: "boolean" },
     logs: { type: "string" },
     "keep-logs": { type: "boolean" },
     help: { type: "boolean", short: "h" },
@@ -116,6 +118,7 @@ const JOBS = Math.floor(numberFlag("jobs", flags.jobs, 2000, 1));
 const WORKERS = Math.floor(numberFlag("workers", flags.workers, 3, 2));
 const MINUTES = numberFlag("minutes", flags.minutes, 3, 0.5);
 const SLOTS = Math.floor(numberFlag("slots", flags.slots, 6, 1));
+const PREPARE = flags.prepare ?? false;
 const SEED = Math.floor(numberFlag("seed", flags.seed, 1 + Math.floor(Math.random() * 2 ** 31), 0));
 const WINDOW = MINUTES * 60_000;
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
@@ -304,11 +307,12 @@ await Deno.mkdir(logDir, { recursive: true });
 
 console.log(
   `akadze chaos: seed ${SEED}, ${JOBS} jobs, ${WORKERS} workers × ${SLOTS} slots per queue, ` +
-    `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, TTL ${secs(HEARTBEAT_TTL)}`,
+    `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, TTL ${secs(HEARTBEAT_TTL)}` +
+    (PREPARE ? "; prepared statements" : ""),
 );
 console.log(
   `rerun: deno task chaos --jobs ${JOBS} --workers ${WORKERS} --minutes ${MINUTES} ` +
-    `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}`,
+    `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}${PREPARE ? " --prepare" : ""}`,
 );
 
 let pg: ThrowawayPostgres | undefined;
@@ -340,7 +344,7 @@ try {
   await setup.unsafe(CHAOS_SCHEMA);
   await setup.end({ timeout: 1 });
 
-  app = new Akadze({ databaseUrl: withAppName(url, "chaos_harness"), max: 8 });
+  app = new Akadze({ databaseUrl: withAppName(url, "chaos_harness"), max: 8, prepare: PREPARE });
   app.include({ register });
   for (const [key, maxRunning] of Object.entries(LIMITS)) {
     await setLimit(app.sql, key, { maxRunning });
@@ -391,6 +395,7 @@ try {
       "debug",
     ],
     logDir,
+    env: PREPARE ? { AKADZE_CHAOS_PREPARE: "1" } : {},
     onUnexpectedExit(w) {
       const lost = leaseLost({
         faults,
