@@ -27,12 +27,13 @@ export interface ConnectOptions {
 }
 
 /**
- * Query options for akadze's statements on the hot path: prepared when the pool prepares,
- * one round trip instead of two. postgres.js's `unsafe` never prepares unless asked, and a
- * `prepare: false` pool overrides the ask (PgBouncer stays safe). Only for statements whose
- * plan cannot turn into a scan of a grown table: a plan PostgreSQL keeps for a prepared
- * statement may have been made while the table was nearly empty (tests/worker_test.ts,
- * "with prepare: true").
+ * Query options for the enqueue, the claim and the outcome write: prepared when the pool
+ * prepares, one round trip instead of two. postgres.js's `unsafe` never prepares unless
+ * asked, and a `prepare: false` pool overrides the ask (PgBouncer stays safe). Only for
+ * statements that cannot scan the jobs table: the insert, and the two functions that turn
+ * sequential scans off. A plan PostgreSQL keeps for any other prepared statement may have
+ * been made while the table was nearly empty, and scan it once it has grown (found for the
+ * multi-queue claim, the heartbeat and the pruner).
  */
 export const PREPARED: { readonly prepare: true } = { prepare: true };
 

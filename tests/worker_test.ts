@@ -707,7 +707,11 @@ Deno.test("four workers racing on one queue run every job exactly once", async (
 Deno.test("with prepare: true, plans a worker made on a near-empty table still use indexes when it grows", async () => {
   await withDatabase("w_prepared_plans", async (db, sql) => {
     // No autovacuum: its statistics update would re-plan and hide a plan made too early.
+    // The table is vacuumed while small (one page), which invites a sequential scan most.
     await sql`alter table akadze.jobs set (autovacuum_enabled = off)`;
+    await sql`insert into akadze.jobs (task, state, run_count, started_at, finished_at)
+              select 'work', 'succeeded', 1, now(), now() from generate_series(1, 20)`;
+    await sql`vacuum analyze akadze.jobs`;
     const app = new Akadze({ sql: connect(db.url, { max: 4, prepare: true }) });
     let ran = 0;
     const work = app.task("work", () => {
@@ -777,12 +781,7 @@ Deno.test("the worker and the enqueue prepare their statements when the pool doe
         "select statement from pg_prepared_statements",
       )).map((r) => String(r.statement));
       await app.close();
-      const ours = [
-        "claim_one(",
-        "complete_jobs(",
-        'insert into "akadze".jobs',
-        '"akadze".workers',
-      ];
+      const ours = ["claim_one(", "complete_jobs(", 'insert into "akadze".jobs'];
       for (const text of ours) {
         assertEquals(
           statements.some((s) => s.includes(text)),

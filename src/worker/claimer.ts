@@ -128,11 +128,7 @@ export class Claimer {
    */
   async cancel(queues: readonly string[]): Promise<CancelResult> {
     const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) =>
-      sql.unsafe(
-        this.#statements.cancel,
-        [queues as string[], n, excluded],
-        PREPARED,
-      ) as unknown as Promise<
+      sql.unsafe(this.#statements.cancel, [queues as string[], n, excluded]) as unknown as Promise<
         JobRow[]
       >;
     if (this.#config.hooks.length === 0) {
@@ -166,7 +162,6 @@ export class Claimer {
         ], PREPARED));
       }
       const slots = requests.map((r) => r.slots);
-      // Not PREPARED: its kept plan would scan the grown table (see PREPARED).
       return this.#claimed(sql.unsafe(this.#statements.claim, [
         requests.map((r) => r.queue),
         slots,
@@ -201,7 +196,6 @@ export class Claimer {
       n: number,
       excluded: string[],
     ): Promise<ClaimedJob[]> => {
-      // The statements on jobs are not PREPARED, as the multi-queue claim is not.
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks])).map((r) => r.key);
       if (keys.length === 0) return [];
       // Serialise claimers of the same keys; the claim below then counts with a fresh

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { PREPARED, quoteSchema, type Sql } from "../db.ts";
+import { quoteSchema, type Sql } from "../db.ts";
 
 /** Who this worker is, as stored in the workers table. */
 export interface WorkerIdentity {
@@ -76,7 +76,7 @@ export class Heartbeat {
         pid,
         queues as string[],
         Math.round(heartbeatTtl),
-      ], PREPARED),
+      ]),
       new Promise<never>((_, reject) => {
         timer = setTimeout(
           () =>
@@ -97,7 +97,7 @@ export class Heartbeat {
 
   /** Remove the worker row (on a clean stop), unless jobs still run under it. */
   async remove(): Promise<boolean> {
-    const result = await this.#sql.unsafe(this.#remove, [this.#identity.id], PREPARED);
+    const result = await this.#sql.unsafe(this.#remove, [this.#identity.id]);
     return result.count > 0;
   }
 }

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { PREPARED, quoteSchema, type Sql } from "../db.ts";
+import { quoteSchema, type Sql } from "../db.ts";
 
 /** Settings of a {@linkcode Pruner}. */
 export interface PrunerConfig {
@@ -98,7 +98,7 @@ export class Pruner {
     const { batchSize, maxBatches } = this.#config;
     let total = 0;
     for (let i = 0; i < maxBatches; i++) {
-      const { count } = await this.#sql.unsafe(text, [...params, batchSize], PREPARED);
+      const { count } = await this.#sql.unsafe(text, [...params, batchSize]);
       total += count;
       if (count < batchSize) break;
     }
