@@ -27,7 +27,7 @@ export interface ConnectOptions {
 }
 
 /**
- * Query options for the enqueue, the claim and the outcome write: prepared when the pool
+ * Query options for the enqueue, the one-queue claim and the outcome write: prepared when the pool
  * prepares, one round trip instead of two. postgres.js's `unsafe` never prepares unless
  * asked, and a `prepare: false` pool overrides the ask (PgBouncer stays safe). Only for
  * statements that cannot scan the jobs table: the insert, and the two functions that turn
