@@ -91,6 +91,28 @@ const completeText =
   (await captured(() =>
     completer.write([{ id: "1", runCount: 1, kind: "succeeded", result: null }])
   )).text;
+// The outcome with `retention: 0`: a fenced DELETE of the succeeded jobs.
+const deleteText = (await captured(() =>
+  new Completer(capture, "akadze", [], { deleteSucceeded: true }).write([
+    { id: "1", runCount: 1, kind: "succeeded", result: null },
+  ])
+)).text;
+// Not adopted, measured beside it: finished jobs moved to a history table (same columns,
+// primary key and finished_at index) instead of updated in place.
+const HISTORY_DDL = [
+  "create table akadze.history (like akadze.jobs including defaults including constraints)",
+  "alter table akadze.history add primary key (id)",
+  "create index on akadze.history (finished_at)",
+];
+const moveText = `with d as (
+    delete from akadze.jobs j using unnest($1::bigint[], $2::int[]) as o(id, run_count)
+     where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
+    returning j.*)
+  insert into akadze.history
+  select id, task, queue, priority, 'succeeded', args, meta, run_count, attempt, max_attempts,
+         snoozes, run_at, expires_at, unique_key, limit_key, null, cancel_requested_at, errors,
+         null, created_at, started_at, now()
+    from d`;
 // The outcome UPDATE's parallel arrays: ids, run counts, kinds, results, errors, delays.
 const completeParams = (outcomes: Outcome[]) => [
   outcomes.map((o) => o.id),
@@ -269,12 +291,17 @@ async function explain(
 
 async function claimedRows(tx: postgres.TransactionSql, k: number): Promise<Outcome[]> {
   const rows = await tx.unsafe(claimText, claimParams(k) as never[]);
-  return rows.filter((r) => r.kind === "claimed").map((r) => ({
+  if (rows.length !== k) throw new Error(`claimed ${rows.length} of ${k} jobs`);
+  return rows.map((r) => ({
     id: r.id,
     runCount: r.run_count,
     kind: "succeeded" as const,
     result: null,
   }));
+}
+
+function fencedParams(outcomes: Outcome[]): unknown[] {
+  return [outcomes.map((o) => o.id), outcomes.map((o) => o.runCount)];
 }
 
 async function explainSet(sql: postgres.Sql, label: string, ks: number[]) {
@@ -296,6 +323,18 @@ async function explainSet(sql: postgres.Sql, label: string, ks: number[]) {
       text: completeText,
       params: () => [],
       setup: async (tx, k) => completeParams(await claimedRows(tx, k)),
+    },
+    {
+      name: "complete, retention 0 (src)",
+      text: deleteText,
+      params: () => [],
+      setup: async (tx, k) => fencedParams(await claimedRows(tx, k)),
+    },
+    {
+      name: "complete as a move to a history table (not adopted)",
+      text: moveText,
+      params: () => [],
+      setup: async (tx, k) => fencedParams(await claimedRows(tx, k)),
     },
   ];
   for (const c of cases) {
@@ -343,12 +382,16 @@ if (PARTS.has("B")) {
     "## B. EXPLAIN ANALYZE (median of " + REPS + "; each in a rolled-back transaction)",
     "",
     "The complete statements are measured right after a claim of the same jobs in the same " +
-      "transaction. JIT on = the server default (jit_above_cost 100000).",
+      "transaction. JIT on = the server default (jit_above_cost 100000). Beside the outcome " +
+      "UPDATE: the DELETE of `retention: 0` (what graphile-worker does with a finished job) " +
+      "and, not adopted, keeping finished jobs in a history table (same columns, primary key " +
+      "and finished_at index) by moving them there.",
     "",
   );
   await admin`create database profile_explain`;
   const ex = postgres(dbUrl("profile_explain"), { max: 1, onnotice: () => {} });
   await migrate(ex);
+  for (const ddl of HISTORY_DDL) await ex.unsafe(ddl);
   await ex`insert into akadze.jobs (task, args)
          select 'noop', jsonb_build_object('id', g) from generate_series(1, ${QUEUED}::int) g`;
   await ex`vacuum (analyze) akadze.jobs`;
