@@ -92,11 +92,12 @@ const completeText =
     completer.write([{ id: "1", runCount: 1, kind: "succeeded", result: null }])
   )).text;
 // The outcome with `retention: 0`: a fenced DELETE of the succeeded jobs.
-const deleteText = (await captured(() =>
-  new Completer(capture, "akadze", [], { deleteSucceeded: true }).write([
-    { id: "1", runCount: 1, kind: "succeeded", result: null },
-  ])
-)).text;
+const deleteText =
+  (await captured(() =>
+    new Completer(capture, "akadze", [], { deleteSucceeded: true }).write([
+      { id: "1", runCount: 1, kind: "succeeded", result: null },
+    ])
+  )).text;
 // Not adopted, measured beside it: finished jobs moved to a history table (same columns,
 // primary key and finished_at index) instead of updated in place.
 const HISTORY_DDL = [
