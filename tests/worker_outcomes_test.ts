@@ -246,6 +246,74 @@ Deno.test("a stale outcome (run_count moved on) is discarded and the row is unto
   });
 });
 
+Deno.test("one outcome write puts each result, error and delay on its own job, whichever columns the batch leaves empty", async () => {
+  await withApp("out_columns", async (app, sql) => {
+    const task = app.task("t", { maxAttempts: 3 }, () => {});
+    const completer = new Completer(app.sql, app.schema, []);
+    async function running(n: number): Promise<string[]> {
+      const ids = await task.enqueueMany(Array.from({ length: n }, () => ({})));
+      await sql`update akadze.jobs set state = 'running', run_count = 1, worker_id = 'w',
+                started_at = now() where id = any(${ids}::bigint[])`;
+      return ids;
+    }
+    const err = (message: string) => ({ error: "E", message });
+    // Every column in use, each with nulls between values.
+    const [a, b, c, d, e] = await running(5);
+    await completer.write([
+      { id: a, runCount: 1, kind: "succeeded", result: { n: 1 } },
+      { id: b, runCount: 1, kind: "succeeded" },
+      { id: c, runCount: 1, kind: "retry", error: err("c"), delayMs: 60_000 },
+      { id: d, runCount: 1, kind: "snooze", delayMs: 120_000 },
+      { id: e, runCount: 1, kind: "fail", error: err("e") },
+    ]);
+    // Results only; errors only; delays only; nothing but kinds.
+    const [f, g] = await running(2);
+    await completer.write([
+      { id: f, runCount: 1, kind: "succeeded" },
+      { id: g, runCount: 1, kind: "succeeded", result: "g" },
+    ]);
+    const [h, i] = await running(2);
+    await completer.write([
+      { id: h, runCount: 1, kind: "fail", error: err("h") },
+      { id: i, runCount: 1, kind: "succeeded" },
+    ]);
+    const [j, k] = await running(2);
+    await completer.write([
+      { id: j, runCount: 1, kind: "succeeded" },
+      { id: k, runCount: 1, kind: "snooze", delayMs: 180_000 },
+    ]);
+    const [l, m] = await running(2);
+    await completer.write([
+      { id: l, runCount: 1, kind: "succeeded" },
+      { id: m, runCount: 1, kind: "cancel" },
+    ]);
+    const rows = new Map<string, Row>();
+    for (const id of [a, b, c, d, e, f, g, h, i, j, k, l, m]) rows.set(id, await job(sql, id));
+    const view = (id: string) => {
+      const r = rows.get(id)!;
+      return [
+        r.state,
+        r.result,
+        r.errors.map((x) => x.message),
+        r.state === "queued" ? Math.round(Number(r.wait_s) / 60) : null,
+      ];
+    };
+    assertEquals(view(a), ["succeeded", { n: 1 }, [], null]);
+    assertEquals(view(b), ["succeeded", null, [], null]);
+    assertEquals(view(c), ["queued", null, ["c"], 1]);
+    assertEquals(view(d), ["queued", null, [], 2]);
+    assertEquals(view(e), ["failed", null, ["e"], null]);
+    assertEquals(view(f), ["succeeded", null, [], null]);
+    assertEquals(view(g), ["succeeded", "g", [], null]);
+    assertEquals(view(h), ["failed", null, ["h"], null]);
+    assertEquals(view(i), ["succeeded", null, [], null]);
+    assertEquals(view(j), ["succeeded", null, [], null]);
+    assertEquals(view(k), ["queued", null, [], 3]);
+    assertEquals(view(l), ["succeeded", null, [], null]);
+    assertEquals(view(m), ["cancelled", null, [], null]);
+  });
+});
+
 Deno.test("retention 0 deletes a succeeded job as its outcome is written; other outcomes keep their row", async () => {
   await withApp("out_retention0", async (app, sql) => {
     const ok = app.task("ok", () => "done");

@@ -187,7 +187,12 @@ function params(outcomes: readonly Outcome[]): never {
     errors[i] = o.error ? JSON.stringify(o.error) : null;
     delays[i] = o.delayMs ?? null;
   }
-  return [ids, runCounts, kinds, results, errors, delays] as never;
+  // An all-null column goes as one NULL (unnest pads it), not as n NULLs to encode and parse.
+  return [ids, runCounts, kinds, allNull(results), allNull(errors), allNull(delays)] as never;
+}
+
+function allNull<T>(values: (T | null)[]): (T | null)[] | null {
+  return values.every((v) => v === null) ? null : values;
 }
 
 /** Retry `write` while it fails transiently, with capped exponential backoff. */
