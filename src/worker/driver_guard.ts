@@ -1,16 +1,30 @@
 /**
- * Survive postgres.js's known hazard: terminating a backend while a transaction is open
- * can throw an uncaught `TypeError (reading 'write')` from inside the driver (and
- * connection errors can surface as unhandled rejections). The worker treats those like
- * any transient database error instead of dying.
+ * Survive postgres.js's known hazards: terminating a backend while a transaction is open
+ * can throw an uncaught `TypeError (reading 'write')` from inside the driver, connection
+ * errors can surface as unhandled rejections, and once a killed connection's socket has
+ * been let go, the runtime's socket code can reject on its own (`read ECONNRESET`, with no
+ * frame outside the runtime). The worker treats those like any transient database error
+ * instead of dying.
  *
  * @module
  */
 
-/** Whether an uncaught error comes from inside the postgres.js driver's connection code. */
+/** Socket error codes a killed or reset connection produces. */
+const SOCKET_CODES = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "ETIMEDOUT"]);
+
+/**
+ * Whether an uncaught error comes from inside the postgres.js driver's connection code, or
+ * is a socket error raised by the runtime alone (every stack frame in Deno's or Node's own
+ * code, so no application code is waiting for it).
+ */
 export function isDriverError(error: unknown): boolean {
   if (!(error instanceof Error)) return false;
-  return /postgres[\\/]src[\\/](connection|index|query)\.js/.test(error.stack ?? "");
+  const stack = error.stack ?? "";
+  if (/postgres[\\/]src[\\/](connection|index|query)\.js/.test(stack)) return true;
+  const code = (error as { code?: unknown }).code;
+  if (typeof code !== "string" || !SOCKET_CODES.has(code)) return false;
+  const frames = stack.split("\n").filter((line) => /^\s+at /.test(line));
+  return frames.length > 0 && frames.every((line) => /\((ext|node):|\bat (ext|node):/.test(line));
 }
 
 /**
