@@ -9,6 +9,7 @@ import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { pendingVersions } from "../migrate.ts";
 import { WORKER_DEFAULTS } from "../worker/config.ts";
+import { installDriverGuard } from "../worker/driver_guard.ts";
 import { Worker } from "../worker/worker.ts";
 import { UsageError } from "./common.ts";
 import { slotHeartbeatFile } from "./heartbeat_files.ts";
@@ -176,12 +177,14 @@ async function assertMigrated(app: Akadze, secrets: string[]): Promise<void> {
   }
 }
 
+/**
+ * End the app's pool on the way out. The process is about to exit: a pool that does not end
+ * cleanly changes nothing, and neither does a stray socket error of a connection killed
+ * earlier, which may land even after the pool has ended (so the guard stays installed).
+ */
 async function closeApp(app: Akadze): Promise<void> {
-  try {
-    await app.close();
-  } catch {
-    // The process is about to exit: a pool that does not end cleanly changes nothing.
-  }
+  installDriverGuard(() => {});
+  await app.close().catch(() => {});
 }
 
 function appSecrets(app: Akadze): string[] {
