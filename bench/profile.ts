@@ -20,6 +20,7 @@ import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { Completer, type Outcome } from "../src/worker/completer.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
+import { HISTORY_DDL, MOVE_SUCCEEDED } from "./lib/history.ts";
 import { LineReader } from "./lib/lines.ts";
 import { fmt, summarize } from "./lib/report.ts";
 
@@ -98,22 +99,6 @@ const deleteText =
       { id: "1", runCount: 1, kind: "succeeded", result: null },
     ])
   )).text;
-// Not adopted, measured beside it: finished jobs moved to a history table (same columns,
-// primary key and finished_at index) instead of updated in place.
-const HISTORY_DDL = [
-  "create table akadze.history (like akadze.jobs including defaults including constraints)",
-  "alter table akadze.history add primary key (id)",
-  "create index on akadze.history (finished_at)",
-];
-const moveText = `with d as (
-    delete from akadze.jobs j using unnest($1::bigint[], $2::int[]) as o(id, run_count)
-     where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
-    returning j.*)
-  insert into akadze.history
-  select id, task, queue, priority, 'succeeded', args, meta, run_count, attempt, max_attempts,
-         snoozes, run_at, expires_at, unique_key, limit_key, null, cancel_requested_at, errors,
-         null, created_at, started_at, now()
-    from d`;
 // The outcome UPDATE's parallel arrays: ids, run counts, kinds, results, errors, delays.
 const completeParams = (outcomes: Outcome[]) => [
   outcomes.map((o) => o.id),
@@ -333,7 +318,7 @@ async function explainSet(sql: postgres.Sql, label: string, ks: number[]) {
     },
     {
       name: "complete as a move to a history table (not adopted)",
-      text: moveText,
+      text: MOVE_SUCCEEDED,
       params: () => [],
       setup: async (tx, k) => fencedParams(await claimedRows(tx, k)),
     },

@@ -16,6 +16,7 @@ import postgres from "postgres";
 import { Akadze, migrate, Worker } from "../mod.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Completer, type CompleteResult, type Outcome } from "../src/worker/completer.ts";
+import { HISTORY_DDL, MOVE_SUCCEEDED } from "./lib/history.ts";
 import { cpuMs, postgresCpuMs } from "./lib/proc.ts";
 import { fmt, summarize } from "./lib/report.ts";
 
@@ -32,33 +33,6 @@ const OUT = flag("--out", `${ROOT}/bench/results/${DATE}-storage`);
 const VARIANTS = ["update", "history", "delete"] as const;
 type Variant = typeof VARIANTS[number];
 
-const HISTORY_DDL = [
-  "create table akadze.history (like akadze.jobs including defaults including constraints)",
-  "alter table akadze.history add primary key (id)",
-  "create index on akadze.history (finished_at)",
-  // Written like complete_jobs: a kept generic plan that finds each job by primary key.
-  `create function akadze.move_succeeded(p_ids bigint[], p_run_counts integer[])
-   returns table (id text, state text) language plpgsql
-   set plan_cache_mode = force_generic_plan set jit = off set enable_seqscan = off as $$
-   #variable_conflict use_column
-   declare v_running constant text := 'running';
-   begin
-     return query
-     with d as (
-       delete from akadze.jobs j using unnest(p_ids, p_run_counts) as o(id, run_count)
-        where j.id = o.id and j.run_count = o.run_count and j.state = v_running
-          and j.cancel_requested_at is null
-       returning j.*)
-     insert into akadze.history
-     select d.id, d.task, d.queue, d.priority, 'succeeded', d.args, d.meta, d.run_count,
-            d.attempt, d.max_attempts, d.snoozes, d.run_at, d.expires_at, d.unique_key,
-            d.limit_key, null, d.cancel_requested_at, d.errors, null, d.created_at,
-            d.started_at, now()
-       from d
-     returning history.id::text, history.state;
-   end $$`,
-];
-
 // The "history" variant swaps the outcome write of all-succeeded batches (all of them
 // here: the handler is a no-op) for the move; everything else goes through src.
 let variant: Variant = "update";
@@ -72,7 +46,7 @@ Completer.prototype.write = async function (
     return await write.call(this, outcomes);
   }
   const rows = await pool!.unsafe(
-    "select id, state from akadze.move_succeeded($1, $2)",
+    MOVE_SUCCEEDED,
     [outcomes.map((o) => o.id), outcomes.map((o) => o.runCount)],
     { prepare: true },
   );

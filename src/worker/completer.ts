@@ -188,10 +188,17 @@ function params(outcomes: readonly Outcome[]): never {
     delays[i] = o.delayMs ?? null;
   }
   // An all-null column goes as one NULL (unnest pads it), not as n NULLs to encode and parse.
-  return [ids, runCounts, kinds, allNull(results), allNull(errors), allNull(delays)] as never;
+  return [
+    ids,
+    runCounts,
+    kinds,
+    nullIfAllNull(results),
+    nullIfAllNull(errors),
+    nullIfAllNull(delays),
+  ] as never;
 }
 
-function allNull<T>(values: (T | null)[]): (T | null)[] | null {
+function nullIfAllNull<T>(values: (T | null)[]): (T | null)[] | null {
   return values.every((v) => v === null) ? null : values;
 }
 
