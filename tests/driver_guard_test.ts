@@ -1,6 +1,10 @@
 // The worker's guard against errors the database driver (or the runtime's socket code under
 // it) raises where no caller can catch them.
-import { installDriverGuard, isDriverError } from "../src/worker/driver_guard.ts";
+import {
+  installDriverGuard,
+  isDriverError,
+  isStraySocketError,
+} from "../src/worker/driver_guard.ts";
 import { assert, assertEquals } from "./assert.ts";
 
 /** An error shaped like one the runtime raised: a code and the given stack frames. */
@@ -40,6 +44,8 @@ Deno.test("a socket reset raised by the runtime alone counts as a driver error; 
   const driver = new TypeError("Cannot read properties of null (reading 'write')");
   driver.stack = "TypeError: x\n    at write (file:///n/postgres/src/connection.js:248:12)";
   assert(isDriverError(driver));
+  assert(!isStraySocketError(driver));
+  assert(isStraySocketError(socketError("ECONNRESET", "read ECONNRESET", RUNTIME_FRAMES)));
 });
 
 Deno.test("the guard absorbs a stray socket rejection while installed and reports it", async () => {

@@ -11,6 +11,7 @@ import type { JobInfo } from "../src/job.ts";
 import { migrate } from "../src/migrate.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Completer } from "../src/worker/completer.ts";
+import { isStraySocketError } from "../src/worker/driver_guard.ts";
 import type { WorkerOptions } from "../src/worker/config.ts";
 import { Worker, type WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
@@ -108,13 +109,10 @@ function runWorker(app: Akadze, options: WorkerOptions = {}): InProcessWorker {
 // here only while no worker runs: during a run the worker's driver guard absorbs it (and
 // logs it), as it would in a real worker process (tests/driver_guard_test.ts).
 globalThis.addEventListener("unhandledrejection", (event) => {
-  const error = event.reason as { code?: unknown; stack?: unknown } | null;
-  const stack = typeof error?.stack === "string" ? error.stack : "";
-  const frames = stack.split("\n").filter((line) => /^\s+at /.test(line));
-  if (error?.code !== "ECONNRESET" || !frames.every((line) => line.includes("ext:"))) return;
+  if (!isStraySocketError(event.reason)) return;
   if (runningWorkers === 0) {
     event.preventDefault();
-    console.warn(`ignored a stray socket reset outside a worker run: ${stack.split("\n")[0]}`);
+    console.warn(`ignored a stray socket reset outside a worker run: ${event.reason.message}`);
   } else {
     console.warn(`a stray socket reset while ${runningWorkers} worker(s) run: left to their guard`);
   }

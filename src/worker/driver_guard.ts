@@ -14,16 +14,24 @@ const SOCKET_CODES = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "ETIMEDOUT"
 
 /**
  * Whether an uncaught error comes from inside the postgres.js driver's connection code, or
- * is a socket error raised by the runtime alone (every stack frame in Deno's or Node's own
- * code, so no application code is waiting for it).
+ * is a stray socket error ({@linkcode isStraySocketError}).
  */
 export function isDriverError(error: unknown): boolean {
   if (!(error instanceof Error)) return false;
-  const stack = error.stack ?? "";
-  if (/postgres[\\/]src[\\/](connection|index|query)\.js/.test(stack)) return true;
+  return /postgres[\\/]src[\\/](connection|index|query)\.js/.test(error.stack ?? "") ||
+    isStraySocketError(error);
+}
+
+/**
+ * Whether an error is a socket error raised by the runtime alone: a killed or reset
+ * connection's code, and every stack frame in Deno's or Node's own code, so no application
+ * code is waiting for it.
+ */
+export function isStraySocketError(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
   const code = (error as { code?: unknown }).code;
   if (typeof code !== "string" || !SOCKET_CODES.has(code)) return false;
-  const frames = stack.split("\n").filter((line) => /^\s+at /.test(line));
+  const frames = (error.stack ?? "").split("\n").filter((line) => /^\s+at /.test(line));
   return frames.length > 0 && frames.every((line) => /\((ext|node):|\bat (ext|node):/.test(line));
 }
 
