@@ -20,16 +20,14 @@ import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { Completer, type Outcome } from "../src/worker/completer.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
+import { flagValue } from "./lib/flags.ts";
 import { HISTORY_DDL, MOVE_SUCCEEDED } from "./lib/history.ts";
 import { LineReader } from "./lib/lines.ts";
+import { readPostmasterPid } from "./lib/proc.ts";
 import { fmt, summarize } from "./lib/report.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const args = Deno.args;
-const flag = (name: string, fallback: string) => {
-  const i = args.indexOf(name);
-  return i >= 0 && args[i + 1] !== undefined ? args[i + 1] : fallback;
-};
+const flag = (name: string, fallback: string) => flagValue(Deno.args, name, fallback);
 const N = Number(flag("--n", "50000"));
 const REPS = Number(flag("--reps", "5"));
 const QUEUED = Number(flag("--queued", "200000"));
@@ -139,7 +137,7 @@ function kindOf(query: string): string {
 }
 
 const [{ dir: dataDir }] = await admin`select current_setting('data_directory') as dir`;
-const postmasterPid = Number((await Deno.readTextFile(`${dataDir}/postmaster.pid`)).split("\n")[0]);
+const postmasterPid = await readPostmasterPid(dataDir);
 const DRAIN_CONFIGS: { name: string; app: DriverSpec["app"]; slots: number }[] = [
   { name: "slots 50, JIT on (default pool)", app: {}, slots: 50 },
   { name: "slots 50, jit=off", app: { jit: false }, slots: 50 },

@@ -13,7 +13,7 @@ import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";
 import { LineReader, LineWriter } from "./lib/lines.ts";
-import { CLK_TCK, cpuMs, postgresCpuMs } from "./lib/proc.ts";
+import { CLK_TCK, cpuMs, postgresCpuMs, readPostmasterPid } from "./lib/proc.ts";
 import {
   cell,
   fmt,
@@ -970,7 +970,7 @@ async function main(): Promise<number> {
   const errors: string[] = [];
   try {
     const [{ dir }] = await admin`select current_setting('data_directory') as dir`;
-    const postmasterPid = Number((await Deno.readTextFile(`${dir}/postmaster.pid`)).split("\n")[0]);
+    const postmasterPid = await readPostmasterPid(dir);
     const machine = await machineInfo(dir.replace(/\/data$/, ""));
     const pgInfo = await postgresInfo(admin);
     console.error(

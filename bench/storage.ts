@@ -16,15 +16,14 @@ import postgres from "postgres";
 import { Akadze, migrate, Worker } from "../mod.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Completer, type CompleteResult, type Outcome } from "../src/worker/completer.ts";
+import { flagValue } from "./lib/flags.ts";
 import { HISTORY_DDL, MOVE_SUCCEEDED } from "./lib/history.ts";
-import { cpuMs, postgresCpuMs } from "./lib/proc.ts";
+import { cpuMs, postgresCpuMs, readPostmasterPid } from "./lib/proc.ts";
 import { fmt, summarize } from "./lib/report.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const args = Deno.args;
 function flag(name: string, fallback: string): string {
-  const i = args.indexOf(name);
-  return i >= 0 && args[i + 1] !== undefined ? args[i + 1] : fallback;
+  return flagValue(Deno.args, name, fallback);
 }
 const N = Number(flag("--n", "50000"));
 const ROUNDS = Number(flag("--rounds", "3"));
@@ -69,7 +68,7 @@ try {
   const probe = postgres(server.url, { max: 1, onnotice: () => {} });
   for (const ddl of HISTORY_DDL) await probe.unsafe(ddl);
   const [{ dir }] = await probe`select current_setting('data_directory') as dir`;
-  const postmaster = Number((await Deno.readTextFile(`${dir}/postmaster.pid`)).split("\n")[0]);
+  const postmaster = await readPostmasterPid(dir);
   for (let round = 0; round < ROUNDS; round++) {
     // Rotate the order each round, so no variant always follows the same one.
     const order = VARIANTS.map((_, i) => VARIANTS[(i + round) % VARIANTS.length]);

@@ -55,3 +55,8 @@ export async function peakRssKb(pid: number | "self" = "self"): Promise<number> 
     return NaN;
   }
 }
+
+/** The postmaster's pid of the PostgreSQL server whose data directory is `dataDir`. */
+export async function readPostmasterPid(dataDir: string): Promise<number> {
+  return Number((await Deno.readTextFile(`${dataDir}/postmaster.pid`)).split("\n")[0]);
+}
