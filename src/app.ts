@@ -4,12 +4,14 @@
  *
  * @module
  */
-import { connect, DEFAULT_SCHEMA, quoteSchema, type Sql } from "./db.ts";
+import { connect, DEFAULT_SCHEMA, describeError, quoteSchema, type Sql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import type { Hooks } from "./job.ts";
 import { isPlainObject } from "./json.ts";
+import { logger } from "./log.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
+import { installDriverGuard } from "./worker/driver_guard.ts";
 import {
   type AnyTask,
   type ArgsInput,
@@ -335,7 +337,22 @@ export class Akadze {
    * ```
    */
   async close(): Promise<void> {
-    if (this.#owned) await this.sql.end({ timeout: 5 });
+    if (!this.#owned) return;
+    // Connections an outage killed or froze (a worker that lost its lease, say) can still
+    // raise the driver's uncaught errors while they end: log those, do not end the process.
+    const removeGuard = installDriverGuard((error) =>
+      logger("app").warn("database driver error ignored while closing: {message}", {
+        event: "db_error_transient",
+        message: describeError(error),
+      })
+    );
+    try {
+      await this.sql.end({ timeout: 5 });
+      // A write the driver scheduled before the end runs on a later turn.
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    } finally {
+      removeGuard();
+    }
   }
 
   #add(

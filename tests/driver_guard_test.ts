@@ -5,7 +5,9 @@ import {
   isDriverError,
   isStraySocketError,
 } from "../src/worker/driver_guard.ts";
+import { Akadze } from "../src/app.ts";
 import { assert, assertEquals } from "./assert.ts";
+import { withDatabase } from "./_helpers.ts";
 
 /** An error shaped like one the runtime raised: a code and the given stack frames. */
 function socketError(code: string, message: string, frames: string[]): Error {
@@ -60,4 +62,32 @@ Deno.test("the guard absorbs a stray socket rejection while installed and report
   } finally {
     remove();
   }
+});
+
+Deno.test("closing the app absorbs a driver error raised while its pool ends, and then stops guarding", async () => {
+  await withDatabase("guard_close", async (db) => {
+    const app = new Akadze({ databaseUrl: db.url, max: 2 });
+    await app.sql`select 1`;
+    const closing = app.close();
+    // As a connection killed earlier can raise while the pool ends: nobody handles it, and
+    // without the guard this test (and an application closing its app) would die.
+    Promise.reject(
+      socketError("EPIPE", "This socket has been ended by the other party", RUNTIME_FRAMES),
+    );
+    await closing;
+    // Closed: the guard is gone, so an unhandled rejection reaches the next listener untouched.
+    let preventedBefore: boolean | undefined;
+    const listener = (event: PromiseRejectionEvent) => {
+      preventedBefore = event.defaultPrevented;
+      event.preventDefault();
+    };
+    globalThis.addEventListener("unhandledrejection", listener);
+    try {
+      Promise.reject(socketError("ECONNRESET", "read ECONNRESET", RUNTIME_FRAMES));
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    } finally {
+      globalThis.removeEventListener("unhandledrejection", listener);
+    }
+    assertEquals(preventedBefore, false);
+  });
 });

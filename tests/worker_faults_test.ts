@@ -11,7 +11,7 @@ import type { JobInfo } from "../src/job.ts";
 import { migrate } from "../src/migrate.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Completer } from "../src/worker/completer.ts";
-import { isStraySocketError } from "../src/worker/driver_guard.ts";
+import { isDriverError } from "../src/worker/driver_guard.ts";
 import type { WorkerOptions } from "../src/worker/config.ts";
 import { Worker, type WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
@@ -103,18 +103,18 @@ function runWorker(app: Akadze, options: WorkerOptions = {}): InProcessWorker {
   };
 }
 
-// After connections were killed, Deno's node:net can reject with a bare `read ECONNRESET`
-// (no frame outside the runtime) once postgres.js has let go of the socket, for instance
-// while a test tears its pool and database down; that would fail the whole file. Ignored
-// here only while no worker runs: during a run the worker's driver guard absorbs it (and
-// logs it), as it would in a real worker process (tests/driver_guard_test.ts).
+// After connections were killed, the driver (or Deno's node:net under it, with a bare
+// `read ECONNRESET`) can reject where no caller waits, for instance while a test tears its
+// pool and database down; that would fail the whole file. Ignored here only while no worker
+// runs: during a run the worker's driver guard absorbs it (and logs it), as it would in a
+// real worker process (tests/driver_guard_test.ts).
 globalThis.addEventListener("unhandledrejection", (event) => {
-  if (!isStraySocketError(event.reason)) return;
+  if (!isDriverError(event.reason)) return;
   if (runningWorkers === 0) {
     event.preventDefault();
-    console.warn(`ignored a stray socket reset outside a worker run: ${event.reason.message}`);
+    console.warn(`ignored a driver error outside a worker run: ${event.reason.message}`);
   } else {
-    console.warn(`a stray socket reset while ${runningWorkers} worker(s) run: left to their guard`);
+    console.warn(`a driver error while ${runningWorkers} worker(s) run: left to their guard`);
   }
 });
 

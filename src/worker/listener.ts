@@ -6,6 +6,7 @@
  * @module
  */
 import { cancelChannel, jobsChannel, type Sql } from "../db.ts";
+import { settleWithin } from "./settle.ts";
 
 /** What the listener calls. */
 export interface ListenerHandlers {
@@ -57,11 +58,6 @@ export class Listener {
    */
   async stop(timeoutMs = 2_000): Promise<void> {
     const unlisten = this.#unlisten.splice(0);
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    await Promise.race([
-      Promise.all(unlisten.map((fn) => fn().catch(() => {}))),
-      new Promise((resolve) => timer = setTimeout(resolve, timeoutMs)),
-    ]);
-    clearTimeout(timer);
+    await settleWithin(Promise.all(unlisten.map((fn) => fn().catch(() => {}))), timeoutMs);
   }
 }

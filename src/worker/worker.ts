@@ -22,6 +22,7 @@ import { Listener } from "./listener.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
+import { settleWithin } from "./settle.ts";
 
 /** Why `worker.run()` returned, with the process exit code it implies. */
 export interface WorkerExit {
@@ -248,9 +249,13 @@ export class Worker {
         }
       }, Math.min(1_000, heartbeatInterval));
     });
+    // A prune stuck on an unanswering database is waited for at most RELEASE_TIMEOUT from
+    // the loop's end, alongside the release of the runs, then left to the pool's end.
+    let pruned: Promise<void> | undefined;
     try {
       exit = await Promise.race([this.#loop(), stalled]);
       clearInterval(watchdog);
+      pruned = settleWithin(this.#pruning, RELEASE_TIMEOUT);
       if (exit.code === 0) {
         await this.#drain(exit.reason !== "stopped");
       } else {
@@ -259,8 +264,10 @@ export class Worker {
     } finally {
       clearInterval(watchdog);
       options.signal?.removeEventListener("abort", onAbort);
-      await this.#pruning;
-      await this.#listener.stop();
+      await Promise.all([
+        pruned ?? settleWithin(this.#pruning, RELEASE_TIMEOUT),
+        this.#listener.stop(),
+      ]);
       removeGuard();
       this.#running = false;
     }
