@@ -625,6 +625,57 @@ Deno.test("a heartbeat lost for longer than the TTL stops the worker promptly wi
   });
 });
 
+Deno.test("a claim that returns after the watchdog ended the run starts nothing: its job goes back, attempt not spent", async () => {
+  await withDatabase("faults_late_claim", async (db, sql) => {
+    const app = new Akadze({ databaseUrl: db.url, max: 3 });
+    let ran = false;
+    const task = app.task("late", () => {
+      ran = true;
+      return null;
+    });
+    // The claim reads queue_pauses: a lock on it holds the claim, so the loop stalls in it.
+    const locker = postgres(db.url, { max: 1, onnotice: () => {} });
+    let release = () => {};
+    let w: InProcessWorker | undefined;
+    try {
+      w = runWorker(app, { schedules: false });
+      await waitFor(
+        async () => (await sql`select count(*)::int as n from akadze.workers`)[0].n === 1,
+        "the worker to register",
+      );
+      const locked = locker.begin(async (tx) => {
+        await tx`lock table akadze.queue_pauses in access exclusive mode`;
+        await new Promise<void>((resolve) => release = resolve);
+      });
+      await waitFor(async () => {
+        const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+          where datname = current_database() and wait_event_type = 'Lock'
+            and query like '%claim%'`;
+        return n === 1;
+      }, "the claim to wait on the lock");
+      // Ready at once for the held claim, whose statement started before the enqueue.
+      const id = await task.using({ runAt: new Date(Date.now() - 60_000) }).enqueue();
+      const exit = await within(w.exit, 20_000, "run() to return");
+      assertEquals([exit.code, exit.reason], [1, "heartbeat_lost"]);
+      release();
+      await locked;
+      // The held claim now takes the job, after the run ended: it must go back, not run.
+      const back = await waitForJob(
+        sql,
+        id,
+        (r) => r.state === "queued" && r.run_count === 1,
+        "the late claim's job to be put back",
+      );
+      assertEquals([back.attempt, back.errors, ran], [0, [], false]);
+    } finally {
+      release();
+      await w?.stop();
+      await locker.end();
+      await app.close();
+    }
+  });
+});
+
 // ---------------------------------------------------------------------------------------
 // 6. The driver's uncaught TypeError
 

@@ -112,6 +112,8 @@ export class Worker {
   #offset = 0;
   #running = false;
   #stopRequested = false;
+  /** The run ended while its loop was stuck in a query (the watchdog): it runs nothing more. */
+  #loopLeft = false;
   #abandon = new AbortController();
   #wakeFlag = false;
   #wake: () => void = () => {};
@@ -245,6 +247,7 @@ export class Worker {
         const last = this.#heartbeat.lastSuccess;
         if (last !== null && performance.now() - last > heartbeatTtl + heartbeatInterval) {
           this.#stopRequested = true;
+          this.#loopLeft = true;
           resolve({ code: 1, reason: "heartbeat_lost", message: "the worker loop stalled" });
         }
       }, Math.min(1_000, heartbeatInterval));
@@ -424,6 +427,12 @@ export class Worker {
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
     const result = await this.#claimer.claim(requests, total, this.#offset++);
+    if (this.#loopLeft) {
+      // A claim that comes back after the run gave up on its loop: the lease is lost, so
+      // nothing may start; put the jobs back (fenced, no attempt spent) if the database lets us.
+      this.#releaseOrphans(result.claimed.map((row) => ({ id: row.id, runCount: row.run_count })));
+      return [false, false];
+    }
     if (result.claimed.length > 0 && this.#log.isEnabledFor("debug")) {
       for (const row of result.claimed) {
         this.#log.debug("job {jobId} claimed", {
