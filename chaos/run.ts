@@ -55,6 +55,12 @@ Short profile (CI, about two minutes): --jobs 600 --workers 3 --minutes 1.5 --se
 // Worker timings: short, so that rescues happen within the run.
 const HEARTBEAT_INTERVAL = 500;
 const HEARTBEAT_TTL = 3_000;
+/**
+ * The workers' pool connect timeout, scaled with the TTL as production's defaults are
+ * (10 s against 30 s): a query postgres.js routes to a connection killed under it can wait
+ * that long (docs/worker.md), and a wait longer than the TTL loses the lease.
+ */
+const CONNECT_TIMEOUT = HEARTBEAT_TTL / 3;
 const POLL_INTERVAL = 250;
 const SHUTDOWN_TIMEOUT = 10_000;
 /** Allowed on top of heartbeatTtl + heartbeatInterval for the slowest rescue. */
@@ -307,7 +313,10 @@ await Deno.mkdir(logDir, { recursive: true });
 
 console.log(
   `akadze chaos: seed ${SEED}, ${JOBS} jobs, ${WORKERS} workers × ${SLOTS} slots per queue, ` +
-    `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, TTL ${secs(HEARTBEAT_TTL)}` +
+    `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, TTL ${
+      secs(HEARTBEAT_TTL)
+    }, ` +
+    `connect timeout ${secs(CONNECT_TIMEOUT)}` +
     (PREPARE ? "; prepared statements" : ""),
 );
 console.log(
@@ -395,7 +404,10 @@ try {
       "debug",
     ],
     logDir,
-    env: PREPARE ? { AKADZE_CHAOS_PREPARE: "1" } : {},
+    env: {
+      ...(PREPARE ? { AKADZE_CHAOS_PREPARE: "1" } : {}),
+      AKADZE_CHAOS_CONNECT_TIMEOUT: String(CONNECT_TIMEOUT / 1000),
+    },
     onUnexpectedExit(w) {
       const lost = leaseLost({
         faults,
