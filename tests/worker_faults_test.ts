@@ -1,9 +1,9 @@
 // Fault injection against real processes and a real server (SPEC §5.5, §5.9, §5.10, §6):
 // kill -9 of a worker process, pg_terminate_backend of a worker's connections, a server
-// restart, a worker started while the server is down, a lost heartbeat, the driver's
-// uncaught TypeError, and a schema that was never migrated. Tests that stop the server
-// start their own (the shared test server must not be disturbed); the others terminate
-// only the connections of their own database.
+// restart, a worker started while the server is down, a lost heartbeat, a claim that
+// returns after the run has ended, the driver's uncaught TypeError, and a schema that was
+// never migrated. Tests that stop the server start their own (the shared test server must
+// not be disturbed); the others terminate only the connections of their own database.
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";

@@ -36,6 +36,7 @@ async function freezeDuringRun(
   const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
   let pids: number[] = [];
   let release = () => {};
+  let locker: postgres.Sql | undefined;
   try {
     await admin`create database frozen_test`;
     const url = pg.url.replace(/\/postgres$/, "/frozen_test");
@@ -50,7 +51,7 @@ async function freezeDuringRun(
         ctx.signal.addEventListener("abort", () => resolve(null));
       }));
     await app.tasks.get("hold")!.enqueue();
-    const locker = postgres(url, { max: 1, onnotice: () => {} });
+    locker = postgres(url, { max: 1, onnotice: () => {} });
     const locked = stuckPrune
       ? locker.begin(async (tx) => {
         await tx`lock table akadze.limit_starts in access exclusive mode`;
@@ -91,12 +92,12 @@ async function freezeDuringRun(
     pids = [];
     release();
     await locked;
-    await locker.end();
     await app.close();
     return { code: result.code, reason: result.reason, took };
   } finally {
     release();
     await signalServer(pids, "SIGCONT");
+    await locker?.end({ timeout: 1 });
     await admin.end({ timeout: 1 });
     await pg.stop();
     removeGuard();
