@@ -186,6 +186,24 @@ interface Entry {
 }
 
 /**
+ * Round `round`'s order: the entries rotated by one more each round, then each entry with a
+ * baseline moved next to it, after it in odd rounds and before it in even ones, so that
+ * their ratio compares neighbouring drains (the machine's speed drifts by tens of per cent
+ * over a run) and neither always runs first.
+ */
+function roundOrder(entries: Entry[], round: number): Entry[] {
+  const shift = (round - 1) % entries.length;
+  const rotated = [...entries.slice(shift), ...entries.slice(0, shift)];
+  const hasBaseline = (e: Entry) => rotated.some((b) => b.key === e.baseline);
+  const order = rotated.filter((e) => !hasBaseline(e));
+  for (const e of rotated.filter(hasBaseline)) {
+    const at = order.findIndex((b) => b.key === e.baseline);
+    order.splice(round % 2 === 1 ? at + 1 : at, 0, e);
+  }
+  return order;
+}
+
+/**
  * akadze's configurations. The first is its throughput configuration: the one the targets
  * are checked with, and the one the retained-rows case, the idle measurement and the smoke
  * run use. It prepares its statements (`prepare: true`), as graphile-worker does (its
@@ -844,7 +862,8 @@ function markdown(report: Report): string {
       `unmeasured ones, so that every system's client code runs warm; ` +
       `${latencyWhere(report.params.latencyWorker)}); ` +
       `${report.params.rounds} round(s), systems ` +
-      `interleaved (order rotated each round), a fresh database per system and round. ` +
+      `interleaved (order rotated each round, the retained-rows entry next to its ` +
+      `empty-table one, after it and before it in turn), a fresh database per system and round. ` +
       `Cells: median (min–max over rounds).`,
     "",
   );
@@ -870,7 +889,7 @@ function markdown(report: Report): string {
   if (report.retained_ratio?.median != null) {
     lines.push(
       `Drain rate with ${fmt(report.params.retained)} succeeded rows retained ÷ empty table ` +
-        `(same round): ${cell(report.retained_ratio, 2)}.`,
+        `(neighbouring runs of the same round): ${cell(report.retained_ratio, 2)}.`,
       "",
     );
   }
@@ -980,8 +999,7 @@ async function main(): Promise<number> {
 
     const rounds: Report["rounds"] = [];
     for (let round = 1; round <= flags.rounds && !interrupted; round++) {
-      const shift = (round - 1) % entries.length;
-      const order = [...entries.slice(shift), ...entries.slice(0, shift)];
+      const order = roundOrder(entries, round);
       const runs: RunRecord[] = [];
       for (const entry of order) {
         if (interrupted) break;
