@@ -169,6 +169,31 @@ export async function jobsSeqScans(sql: Sql): Promise<number> {
   return n;
 }
 
+/** Resolve with `promise`'s value, or fail after `ms`. */
+export async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * Wait until a session of `sql`'s database waits on a lock, running a statement whose text
+ * is LIKE `query` (any statement when omitted).
+ */
+export async function waitForLockWait(sql: Sql, what: string, query = "%"): Promise<void> {
+  await waitFor(async () => {
+    const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+      where datname = current_database() and wait_event_type = 'Lock' and query like ${query}`;
+    return n > 0;
+  }, what);
+}
+
 /** A transaction of another session, holding what `take` locked until `release()`. */
 export interface HeldLocks {
   /** End the transaction (rolled back) and close its connection. */

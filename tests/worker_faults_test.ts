@@ -15,7 +15,14 @@ import { isDriverError } from "../src/worker/driver_guard.ts";
 import type { WorkerOptions } from "../src/worker/config.ts";
 import { Worker, type WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { waitFor, withDatabase } from "./_helpers.ts";
+import {
+  type HeldLocks,
+  holdLocks,
+  waitFor,
+  waitForLockWait,
+  withDatabase,
+  within,
+} from "./_helpers.ts";
 
 /** Short timings so the file stays fast; conditions are still awaited with generous bounds. */
 const FAST = {
@@ -117,19 +124,6 @@ globalThis.addEventListener("unhandledrejection", (event) => {
     console.warn(`a driver error while ${runningWorkers} worker(s) run: left to their guard`);
   }
 });
-
-/** Resolve with `promise`'s value, or fail after `ms`. */
-async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
-  });
-  try {
-    return await Promise.race([promise, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 /** The job's row (errors tolerated while the server restarts: null). */
 async function jobRow(sql: Sql, id: string): Promise<Row | null> {
@@ -633,9 +627,7 @@ Deno.test("a claim that returns after the watchdog ended the run starts nothing:
       ran = true;
       return null;
     });
-    // The claim reads queue_pauses: a lock on it holds the claim, so the loop stalls in it.
-    const locker = postgres(db.url, { max: 1, onnotice: () => {} });
-    let release = () => {};
+    let held: HeldLocks | undefined;
     let w: InProcessWorker | undefined;
     try {
       w = runWorker(app, { schedules: false });
@@ -643,22 +635,18 @@ Deno.test("a claim that returns after the watchdog ended the run starts nothing:
         async () => (await sql`select count(*)::int as n from akadze.workers`)[0].n === 1,
         "the worker to register",
       );
-      const locked = locker.begin(async (tx) => {
-        await tx`lock table akadze.queue_pauses in access exclusive mode`;
-        await new Promise<void>((resolve) => release = resolve);
-      });
-      await waitFor(async () => {
-        const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
-          where datname = current_database() and wait_event_type = 'Lock'
-            and query like '%claim%'`;
-        return n === 1;
-      }, "the claim to wait on the lock");
+      // The claim reads queue_pauses: a lock on it holds the claim, so the loop stalls in it.
+      held = await holdLocks(
+        db.url,
+        (tx) => tx`lock table akadze.queue_pauses in access exclusive mode`,
+      );
+      await waitForLockWait(sql, "the claim to wait on the lock", "%claim%");
       // Ready at once for the held claim, whose statement started before the enqueue.
       const id = await task.using({ runAt: new Date(Date.now() - 60_000) }).enqueue();
       const exit = await within(w.exit, 20_000, "run() to return");
       assertEquals([exit.code, exit.reason], [1, "heartbeat_lost"]);
-      release();
-      await locked;
+      await held.release();
+      held = undefined;
       // The held claim now takes the job, after the run ended: it must go back, not run.
       const back = await waitForJob(
         sql,
@@ -668,9 +656,8 @@ Deno.test("a claim that returns after the watchdog ended the run starts nothing:
       );
       assertEquals([back.attempt, back.errors, ran], [0, [], false]);
     } finally {
-      release();
+      await held?.release();
       await w?.stop();
-      await locker.end();
       await app.close();
     }
   });

@@ -11,6 +11,7 @@ import {
   startWorker,
   waitFor,
   waitForJob,
+  waitForLockWait,
   withApp,
 } from "./_helpers.ts";
 
@@ -399,11 +400,7 @@ Deno.test("a stalled outcome write stops the claiming near twice the slots; noth
         (tx) => tx`select 1 from akadze.jobs where id = ${first} for update`,
       );
       openGate();
-      await waitFor(async () => {
-        const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
-          where datname = current_database() and wait_event_type = 'Lock'`;
-        return n > 0;
-      }, "the outcome write to wait for the row lock");
+      await waitForLockWait(sql, "the outcome write to wait for the row lock");
 
       await work.enqueueMany(Array.from({ length: 30 }, (_, k) => ({ i: k + 1 })));
       const counts = async () =>

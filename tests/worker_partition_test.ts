@@ -8,7 +8,7 @@ import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { installDriverGuard } from "../src/worker/driver_guard.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { waitFor } from "./_helpers.ts";
+import { type HeldLocks, holdLocks, waitFor, waitForLockWait, within } from "./_helpers.ts";
 
 async function signalServer(pids: number[], signal: "SIGSTOP" | "SIGCONT"): Promise<void> {
   for (const pid of pids) {
@@ -35,8 +35,7 @@ async function freezeDuringRun(
   const pg = await startThrowawayPostgres();
   const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
   let pids: number[] = [];
-  let release = () => {};
-  let locker: postgres.Sql | undefined;
+  let held: HeldLocks | undefined;
   try {
     await admin`create database frozen_test`;
     const url = pg.url.replace(/\/postgres$/, "/frozen_test");
@@ -51,13 +50,12 @@ async function freezeDuringRun(
         ctx.signal.addEventListener("abort", () => resolve(null));
       }));
     await app.tasks.get("hold")!.enqueue();
-    locker = postgres(url, { max: 1, onnotice: () => {} });
-    const locked = stuckPrune
-      ? locker.begin(async (tx) => {
-        await tx`lock table akadze.limit_starts in access exclusive mode`;
-        await new Promise<void>((resolve) => release = resolve);
-      })
-      : Promise.resolve();
+    if (stuckPrune) {
+      held = await holdLocks(
+        url,
+        (tx) => tx`lock table akadze.limit_starts in access exclusive mode`,
+      );
+    }
     const worker = new Worker(app, {
       heartbeatInterval: 200,
       heartbeatTtl: 1_500,
@@ -67,12 +65,7 @@ async function freezeDuringRun(
     const exit = worker.run();
     await waitFor(() => started, "the job to start");
     if (stuckPrune) {
-      await waitFor(async () => {
-        const [{ n }] = await admin`select count(*)::int as n from pg_stat_activity
-          where datname = 'frozen_test' and wait_event_type = 'Lock'
-            and query like '%limit_starts%'`;
-        return n === 1;
-      }, "the prune to wait on the lock");
+      await waitForLockWait(app.sql, "the prune to wait on the lock", "%limit_starts%");
     }
     // Freeze the postmaster and every backend: connections stay open, nothing answers.
     const out = await new Deno.Command("pgrep", { args: ["-P", String(postmaster)] }).output();
@@ -80,24 +73,17 @@ async function freezeDuringRun(
     const frozenAt = performance.now();
     await signalServer(pids, "SIGSTOP");
     // Bounded, so a worker that hangs fails the test instead of stalling the suite.
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const result = await Promise.race([
-      exit,
-      new Promise<never>((_, reject) =>
-        timer = setTimeout(() => reject(new Error("the worker did not exit within 30 s")), 30_000)
-      ),
-    ]).finally(() => clearTimeout(timer));
+    const result = await within(exit, 30_000, "the worker to exit");
     const took = performance.now() - frozenAt;
     await signalServer(pids, "SIGCONT");
     pids = [];
-    release();
-    await locked;
+    await held?.release();
+    held = undefined;
     await app.close();
     return { code: result.code, reason: result.reason, took };
   } finally {
-    release();
     await signalServer(pids, "SIGCONT");
-    await locker?.end({ timeout: 1 });
+    await held?.release();
     await admin.end({ timeout: 1 });
     await pg.stop();
     removeGuard();

@@ -17,6 +17,7 @@ import {
   startWorker,
   waitFor,
   waitForJob,
+  waitForLockWait,
   withApp,
   withDatabase,
 } from "./_helpers.ts";
@@ -638,12 +639,7 @@ Deno.test("the worker keeps claiming while its prune waits on a lock, and prunes
     );
     const w = startWorker(app, { pruneInterval: 50, schedules: false });
     try {
-      await waitFor(async () => {
-        const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
-                                   where wait_event_type = 'Lock'
-                                     and query like 'delete from %periodic_runs%'`;
-        return n > 0;
-      }, "a prune waiting on the lock");
+      await waitForLockWait(sql, "a prune waiting on the lock", "delete from %periodic_runs%");
       for (let n = 0; n < 5; n++) await job.enqueue({ n });
       await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 10_000);
     } finally {
