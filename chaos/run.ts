@@ -313,10 +313,8 @@ await Deno.mkdir(logDir, { recursive: true });
 
 console.log(
   `akadze chaos: seed ${SEED}, ${JOBS} jobs, ${WORKERS} workers × ${SLOTS} slots per queue, ` +
-    `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, TTL ${
-      secs(HEARTBEAT_TTL)
-    }, ` +
-    `connect timeout ${secs(CONNECT_TIMEOUT)}` +
+    `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, ` +
+    `TTL ${secs(HEARTBEAT_TTL)}, connect timeout ${secs(CONNECT_TIMEOUT)}` +
     (PREPARE ? "; prepared statements" : ""),
 );
 console.log(
