@@ -11,52 +11,28 @@
 //   block and not shown when the Markdown is rendered: it declares what the sample takes
 //   as given, e.g. `<!-- prelude: import type { Akadze } from "@akadze/akadze"; declare
 //   const app: Akadze; -->`.
+// - A block the text before it saves as a file ("Save this as `app.ts`") is written under
+//   that name beside the other samples of its page, so a later sample can import it.
+// tests/consumer_docs_test.ts runs the samples of README.md and docs/getting-started.md.
 import { assert, assertEquals } from "./assert.ts";
+import { type Block, extractBlocks } from "./_markdown.ts";
 
 const ROOT = new URL("..", import.meta.url);
 
-/** A ```ts block of a Markdown file. */
-export interface Sample {
-  /** The Markdown file, relative to the repository root. */
-  file: string;
-  /** 1-based line of the opening fence. */
-  line: number;
-  /** The prelude from the `<!-- prelude: ... -->` comment before it, if any. */
-  prelude: string;
-  /** The code. */
-  code: string;
-}
-
-const FENCE = /^(\s*)(`{3,}|~{3,})\s*([\w-]*)([^\n]*)$/;
-const PRELUDE = /<!--\s*prelude:([\s\S]*?)-->\s*$/;
+/** A ```ts block of a Markdown file (see {@link Block}). */
+export type Sample = Pick<Block, "file" | "line" | "prelude" | "saveAs" | "code">;
 
 /** The ```ts blocks of a Markdown text, without the ```ts ignore ones. */
 export function extractSamples(file: string, markdown: string): Sample[] {
-  const lines = markdown.split("\n");
-  const samples: Sample[] = [];
-  for (let i = 0; i < lines.length; i++) {
-    const open = FENCE.exec(lines[i]);
-    if (!open) continue;
-    const [, indent, fence, lang, rest] = open;
-    let end = i + 1;
-    while (end < lines.length && lines[end].trim() !== fence) end++;
-    const body = lines.slice(i + 1, end).map((l) =>
-      l.startsWith(indent) ? l.slice(indent.length) : l
-    );
-    const ignored = /\bignore\b/.test(rest);
-    if ((lang === "ts" || lang === "typescript") && !ignored) {
-      const before = lines.slice(Math.max(0, i - 20), i).join("\n");
-      samples.push({
-        file,
-        line: i + 1,
-        // One line, so that the sample keeps its line numbers after it.
-        prelude: PRELUDE.exec(before)?.[1].trim().replace(/\s*\n\s*/g, " ") ?? "",
-        code: body.join("\n"),
-      });
-    }
-    i = end;
-  }
-  return samples;
+  return extractBlocks(file, markdown)
+    .filter((b) => (b.lang === "ts" || b.lang === "typescript") && !b.ignored)
+    .map(({ file, line, prelude, saveAs, code }) => ({
+      file,
+      line,
+      prelude,
+      ...(saveAs ? { saveAs } : {}),
+      code,
+    }));
 }
 
 async function markdownFiles(): Promise<string[]> {
@@ -111,7 +87,12 @@ Deno.test("every ts sample in README.md and docs/*.md type-checks", async () => 
       const samples = extractSamples(file, await Deno.readTextFile(new URL(file, ROOT)));
       perFile.set(file, samples.length);
       for (const sample of samples) {
-        const name = `${file.replace(/[^A-Za-z0-9]+/g, "_")}_L${sample.line}.ts`;
+        // A sample the text saves as a file is written under that name, beside the other
+        // samples of its page, so that they can import each other (`./app.ts`).
+        const slug = file.replace(/[^A-Za-z0-9]+/g, "_");
+        const name = sample.saveAs ? `${slug}/${sample.saveAs}` : `${slug}_L${sample.line}.ts`;
+        if (sample.saveAs) await Deno.mkdir(new URL(`${slug}/`, dir), { recursive: true });
+        assert(!written.has(name), `${file}:${sample.line} saves a second ${sample.saveAs}`);
         const header = `// ${file}:${sample.line}\n`;
         await Deno.writeTextFile(
           new URL(name, dir),
@@ -153,10 +134,34 @@ Deno.test("the examples/ programs type-check", async () => {
   assert(ok, output);
 });
 
-Deno.test("README links every page of docs/", async () => {
+/** Where the README's links go: it is shown on JSR, which has no docs/ or bench/. */
+const REPOSITORY = "https://github.com/akadze/akadze/blob/main/";
+
+Deno.test("README links every page of docs/ by its repository URL", async () => {
   const readme = await Deno.readTextFile(new URL("README.md", ROOT));
   for (const file of await markdownFiles()) {
     if (file === "README.md" || file === "docs/README.md") continue;
-    assert(readme.includes(`](${file})`), `README.md does not link ${file}`);
+    assert(readme.includes(`](${REPOSITORY}${file})`), `README.md does not link ${file}`);
+  }
+});
+
+Deno.test("README links work where the package is published", async () => {
+  const readme = await Deno.readTextFile(new URL("README.md", ROOT));
+  const { publish } = JSON.parse(await Deno.readTextFile(new URL("deno.json", ROOT)));
+  const excluded: string[] = publish.exclude;
+  for (const [, target] of readme.matchAll(/\]\(([^)\s]+)\)/g)) {
+    if (target.startsWith(REPOSITORY)) {
+      // A repository link must name a file or directory of this checkout.
+      const path = target.slice(REPOSITORY.length).replace(/#.*$/, "");
+      await Deno.stat(new URL(path, ROOT)).catch(() => {
+        throw new Error(`README.md links ${target}, but there is no ${path}`);
+      });
+    } else if (!/^(https?:|mailto:|#)/.test(target)) {
+      const path = target.replace(/^\.\//, "").replace(/#.*$/, "");
+      assert(
+        !excluded.some((dir) => path.startsWith(dir)),
+        `README.md links ${target}, which the published package leaves out: link ${REPOSITORY}${path}`,
+      );
+    }
   }
 });
