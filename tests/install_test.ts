@@ -1,6 +1,6 @@
 // The CLI as an installed command: `deno install -g` of ./cli.ts into a temporary root,
 // then `akadze --version` and `akadze migrate` through the installed command, with the
-// permission set the README documents.
+// permission set docs/getting-started.md documents.
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { withDatabase } from "./_helpers.ts";
@@ -8,8 +8,8 @@ import { withDatabase } from "./_helpers.ts";
 const ROOT = new URL("..", import.meta.url).pathname;
 /**
  * The least permissions that cover every subcommand (`dev` is the one that needs
- * `--allow-run`, `--allow-write` and `--allow-sys=uid`). The README and
- * docs/getting-started.md show this exact line.
+ * `--allow-run`, `--allow-write` and `--allow-sys=uid`).
+ * docs/getting-started.md shows this exact line.
  */
 const INSTALL_PERMISSIONS = [
   "--allow-net",
@@ -95,13 +95,8 @@ Deno.test("deno install -g puts a working akadze command on the PATH", async () 
   }
 });
 
-Deno.test("the README documents the install command with these permissions", async () => {
-  const readme = await Deno.readTextFile(`${ROOT}README.md`);
+Deno.test("getting started documents the install command with these permissions", async () => {
   const line = `deno install -g -n akadze ${INSTALL_PERMISSIONS.join(" ")}`;
-  for (const text of [readme, await Deno.readTextFile(`${ROOT}docs/getting-started.md`)]) {
-    assert(
-      text.replace(/\\\n\s*/g, "").includes(line),
-      `expected the install line: ${line}`,
-    );
-  }
+  const text = await Deno.readTextFile(`${ROOT}docs/getting-started.md`);
+  assert(text.replace(/\\\n\s*/g, "").includes(line), `expected the install line: ${line}`);
 });
