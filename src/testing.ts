@@ -213,21 +213,23 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
   const tasks = [...app.tasks.keys()];
   if (tasks.length === 0) return 0;
   const s = quoteSchema(app.schema);
-  // Without `queues`, the queues are those holding ready jobs of the app's tasks, not the
-  // tasks' default queues: `using({ queue })` may put a job anywhere. A job can enqueue
-  // into a queue the running worker does not claim from, so look again after each pass.
-  const readyQueues = async (): Promise<string[]> =>
-    options.queues ?? (await app.sql.unsafe(
+  // Without `queues`: the tasks' default queues and every queue holding jobs of the app's
+  // tasks that a claim pass would run or cancel now, since `using({ queue })` may put a job
+  // anywhere. A job can enqueue into a queue the running worker does not claim from, so
+  // look again after each pass.
+  const defaults = [...app.tasks.values()].map((t) => t.queue);
+  const pending = async (): Promise<string[]> =>
+    (await app.sql.unsafe(
       `select distinct queue from ${s}.jobs
-        where state = 'queued' and task = any($1::text[]) and run_at <= now()
-          and not exists (select 1 from ${s}.queue_pauses p where p.queue = jobs.queue)
-        order by queue`,
+        where state = 'queued' and task = any($1::text[])
+          and (run_at <= now() or cancel_requested_at is not null or expires_at <= now())
+          and not exists (select 1 from ${s}.queue_pauses p where p.queue = jobs.queue)`,
       [tasks],
     )).map((r) => r.queue as string);
+  let queues = options.queues ?? [...new Set([...defaults, ...await pending()])].sort();
+  if (queues.length === 0) return 0;
   let ran = 0;
   for (;;) {
-    const queues = await readyQueues();
-    if (queues.length === 0) return ran;
     const worker = new Worker(app, {
       queues,
       slots: 1,
@@ -254,5 +256,8 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
     }
     // A pass that claimed nothing leaves only jobs no claim takes now (a limit is full).
     if (options.queues || worker.claimed === 0) return ran;
+    const next = await pending();
+    if (next.every((queue) => queues.includes(queue))) return ran;
+    queues = [...new Set([...defaults, ...next])].sort();
   }
 }

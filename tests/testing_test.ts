@@ -1,5 +1,6 @@
 import { assert, assertEquals, assertThrows } from "./assert.ts";
 import postgres from "postgres";
+import { requestCancel } from "../src/admin.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { assertTestDatabaseUrl, createTestDatabase, drain } from "../src/testing.ts";
 import { withApp, withDatabase } from "./_helpers.ts";
@@ -69,9 +70,13 @@ Deno.test("drain runs jobs enqueued into another queue with using({ queue })", a
     await hop.enqueue({ at: "default" });
     // A job of a task this app does not define is not drain's to run.
     await sql`insert into akadze.jobs (task, queue, args) values ('elsewhere', 'other', '{}')`;
+    // A later job whose cancel was asked for is cancelled by the claim pass, in its queue too.
+    const later = await hop.using({ queue: "fourth", delay: 60_000 }).enqueue({ at: "later" });
+    assert(await requestCancel(app.sql, later));
     assertEquals(await drain(app), 3);
     assertEquals(ran.sort(), ["default", "other", "third"]);
-    const rows = await sql`select task, state from akadze.jobs where state <> 'succeeded'`;
-    assertEquals(rows.map((r) => `${r.task}:${r.state}`), ["elsewhere:queued"]);
+    const rows = await sql`select task, state from akadze.jobs where state <> 'succeeded'
+                           order by id`;
+    assertEquals(rows.map((r) => `${r.task}:${r.state}`), ["elsewhere:queued", "hop:cancelled"]);
   });
 });
