@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
 
@@ -57,6 +58,7 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     throw new AkadzeError("databaseUrl must be a postgres:// or postgresql:// URL");
   }
   return postgres(databaseUrl, {
+    ...(urlHasUser(databaseUrl) ? {} : { user: defaultUser() }),
     max: options.max ?? 10,
     prepare: options.prepare ?? false,
     idle_timeout: options.idleTimeout ?? 30,
@@ -70,6 +72,52 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     onnotice: () => {},
     connection: { application_name: options.applicationName ?? "akadze" },
   });
+}
+
+/** Whether the URL names a user (read like postgres.js does, so several hosts work too). */
+function urlHasUser(databaseUrl: string): boolean {
+  const authority = databaseUrl.slice(databaseUrl.indexOf("://") + 3).split(/[?/]/)[0];
+  const at = authority.indexOf("@");
+  return at > 0 && !authority.startsWith(":");
+}
+
+/**
+ * The user name for a URL without one, looked up here so that postgres.js does not: it
+ * falls back to the OS user from `USERNAME`, `USER` or `LOGNAME`, which a worker run with
+ * `--allow-env=AKADZE_*,PG*` may not read (the read throws). Only what the process may
+ * read is looked at: `PGUSERNAME`, `PGUSER`, then the OS user name.
+ */
+function defaultUser(): string {
+  const user = readEnv("PGUSERNAME") ?? readEnv("PGUSER") ?? osUser();
+  if (user) return user;
+  throw new AkadzeError(
+    "the database URL has no user name and PGUSER is not set (reading the OS user's name needs " +
+      "--allow-env=USER or --allow-sys=uid,gid,username): put the user in the URL " +
+      "(postgres://USER@HOST/DATABASE) or set PGUSER",
+  );
+}
+
+/** An environment variable when the process may read it (a read without leave throws). */
+function readEnv(name: string): string | undefined {
+  if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") {
+    return undefined;
+  }
+  return Deno.env.get(name) || undefined;
+}
+
+function osUser(): string | undefined {
+  const kinds = ["uid", "gid", "username"] as const;
+  if (
+    kinds.every((kind) => Deno.permissions.querySync({ name: "sys", kind }).state === "granted")
+  ) {
+    try {
+      const name = userInfo().username;
+      if (name) return name;
+    } catch {
+      // No passwd entry for this uid (a container): try the environment.
+    }
+  }
+  return readEnv("USERNAME") ?? readEnv("USER") ?? readEnv("LOGNAME");
 }
 
 const URL_CREDENTIALS = /([a-z][a-z0-9+.-]*:\/\/[^:/?#@\s]*):[^@/\s]*@/gi;

@@ -188,7 +188,7 @@ export async function assertEnqueued(
 export interface DrainOptions {
   /** The most jobs to run before giving up. Default 1000. */
   limit?: number;
-  /** Queues to drain. Default: every queue of the app's tasks. */
+  /** Queues to drain. Default: every queue holding ready jobs of the app's tasks. */
   queues?: string[];
 }
 
@@ -210,29 +210,54 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
   if (!Number.isInteger(limit) || limit < 1) {
     throw new AkadzeError(`limit must be a positive integer, got ${limit}`);
   }
-  const queues = options.queues ?? [...new Set([...app.tasks.values()].map((t) => t.queue))];
+  const tasks = [...app.tasks.keys()];
+  if (tasks.length === 0) return 0;
+  const s = quoteSchema(app.schema);
+  // Without `queues`: the tasks' default queues and every queue holding jobs of the app's
+  // tasks that a claim pass would run or cancel now, since `using({ queue })` may put a job
+  // anywhere. A job can enqueue into a queue the running worker does not claim from, so
+  // look again after each pass.
+  const defaults = [...app.tasks.values()].map((t) => t.queue);
+  const pending = async (): Promise<string[]> =>
+    (await app.sql.unsafe(
+      `select distinct queue from ${s}.jobs
+        where state = 'queued' and task = any($1::text[])
+          and (run_at <= now() or cancel_requested_at is not null or expires_at <= now())
+          and not exists (select 1 from ${s}.queue_pauses p where p.queue = jobs.queue)`,
+      [tasks],
+    )).map((r) => r.queue as string);
+  let queues = options.queues ?? [...new Set([...defaults, ...await pending()])].sort();
   if (queues.length === 0) return 0;
-  const worker = new Worker(app, {
-    queues,
-    slots: 1,
-    batch: true,
-    maxJobs: limit,
-    pollInterval: 50,
-    schedules: false,
-    id: `drain:${crypto.randomUUID().slice(0, 8)}`,
-  });
-  const exit = await worker.run();
-  if (exit.code !== 0) throw new AkadzeError(`drain stopped: ${exit.message ?? exit.reason}`);
-  if (exit.reason === "max_jobs") {
-    const s = quoteSchema(app.schema);
-    const [{ n }] = await app.sql.unsafe(
-      `select count(*)::int as n from ${s}.jobs
-        where state = 'queued' and queue = any($1::text[]) and run_at <= now()`,
-      [queues],
-    );
-    if (n > 0) {
-      throw new AkadzeError(`drain ran ${limit} jobs and ${n} are still ready (raise limit?)`);
+  let ran = 0;
+  for (;;) {
+    const worker = new Worker(app, {
+      queues,
+      slots: 1,
+      batch: true,
+      maxJobs: limit - ran,
+      pollInterval: 50,
+      schedules: false,
+      id: `drain:${crypto.randomUUID().slice(0, 8)}`,
+    });
+    const exit = await worker.run();
+    ran += worker.claimed;
+    if (exit.code !== 0) throw new AkadzeError(`drain stopped: ${exit.message ?? exit.reason}`);
+    if (exit.reason === "max_jobs") {
+      const [{ n }] = await app.sql.unsafe(
+        `select count(*)::int as n from ${s}.jobs
+          where state = 'queued' and run_at <= now()
+            and (queue = any($1::text[]) or ($1::text[] is null and task = any($2::text[])))`,
+        [options.queues ?? null, tasks],
+      );
+      if (n > 0) {
+        throw new AkadzeError(`drain ran ${limit} jobs and ${n} are still ready (raise limit?)`);
+      }
+      return ran;
     }
+    // A pass that claimed nothing leaves only jobs no claim takes now (a limit is full).
+    if (options.queues || worker.claimed === 0) return ran;
+    const next = await pending();
+    if (next.every((queue) => queues.includes(queue))) return ran;
+    queues = [...new Set([...defaults, ...next])].sort();
   }
-  return worker.claimed;
 }

@@ -796,3 +796,64 @@ Deno.test("schedules list prints each schedule's next fire from the app module, 
   const unset = await runCli(["schedules", "list", SCHEDULES_APP], {});
   assertOneLineError(unset, 2, /AKADZE_DATABASE_URL is not set/);
 });
+
+/** The control characters in a text other than the tab and newline of the output's layout. */
+function controlChars(text: string): string[] {
+  return [...text].filter((c) => {
+    const code = c.charCodeAt(0);
+    return (code < 0x20 && c !== "\t" && c !== "\n") || (code >= 0x7f && code <= 0x9f);
+  });
+}
+
+Deno.test("text output shows terminal escapes held in the database as \\x escapes; --json keeps them", async () => {
+  await withDatabase("cli_ops_escapes", async (db, sql) => {
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const evil = "a\x1b[31mred\x07bell\rback\x7f\u009b2J";
+    const id = await insertJob(sql, {
+      task: `task-${evil}`,
+      state: "failed",
+      attempt: 1,
+      finished_at: new Date(),
+      unique_key: `u-${evil}`,
+      limit_key: `l-${evil}`,
+      worker_id: `w-${evil}`,
+      errors: sql.json([{ error: `E${evil}`, message: `m-${evil}`, at: "2030-01-01T00:00:00Z" }]),
+    });
+    await sql`insert into akadze.limits (key, max_running) values (${`k-${evil}`}, 1)`;
+    await sql`insert into akadze.workers (id, hostname, pid, queues)
+              values (${`w-${evil}`}, ${`h-${evil}`}, 1, '{default}')`;
+    // In a listing or a one-line message a line break is a space, as before.
+    const shown = "a\\x1b[31mred\\x07bell back\\x7f\\x9b2J";
+    const outs = await runAll([
+      ["limits", "list"],
+      ["jobs", "list"],
+      ["jobs", "show", id],
+      ["workers", "list"],
+      ["limits", "clear", `k-${evil}`],
+      ["queues", "pause", `q-${evil}`],
+    ], env);
+    for (const [i, out] of outs.entries()) {
+      assertEquals(controlChars(out.stdout + out.stderr), [], `command ${i}: ${out.stdout}`);
+    }
+    const [limits, jobs, show, workers, cleared, badQueue] = outs;
+    assert(limits.stdout.includes(`k-${shown}\t1\t`), limits.stdout);
+    assert(jobs.stdout.includes(`task-${shown}`), jobs.stdout);
+    for (const part of [`task: task-${shown}`, `uniqueKey: u-${shown}`, `limitKey: l-${shown}`]) {
+      assert(show.stdout.includes(part), show.stdout);
+    }
+    assert(show.stdout.includes(`E${shown}: m-${shown}`), show.stdout);
+    assert(workers.stdout.includes(`h-${shown}`), workers.stdout);
+    assertEquals(cleared.stdout, `cleared limit k-${shown.replace(" ", "\\x0d")}\n`);
+    assertOneLineError(badQueue, 2, /q-a\\x1b\[31m/);
+
+    // JSON escapes them too (DEL and C1 as \u00NN), and keeps the exact text.
+    const jsonOut = await runCli(["jobs", "show", id, "--json"], env);
+    assertEquals(controlChars(jsonOut.stdout), []);
+    const json = JSON.parse(jsonOut.stdout);
+    assertEquals([json.task, json.uniqueKey, json.errors[0].message], [
+      `task-${evil}`,
+      `u-${evil}`,
+      `m-${evil}`,
+    ]);
+  });
+});

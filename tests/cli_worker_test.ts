@@ -3,7 +3,7 @@
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import type { Sql } from "../src/db.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
-import { CLI, MOD, spawnCli, spawnDeno as spawn, WORKER_PERMISSIONS } from "./_processes.ts";
+import { CLI, MOD, ROOT, spawnCli, spawnDeno as spawn, WORKER_PERMISSIONS } from "./_processes.ts";
 
 // Workers run with WORKER_PERMISSIONS (SPEC §8), so the tests prove those suffice.
 const ONE_LINE_ERROR = /^error: [^\n]+\n$/;
@@ -247,4 +247,70 @@ Deno.test("deno task demo exits 0 and leaves no server", async () => {
   const port = /on port (\d+)/.exec(out.stderr)?.[1];
   assert(port, `no port on stderr: ${out.stderr}`);
   await assertServerGone(port);
+});
+
+Deno.test("a database URL without a user name works under the documented worker permissions", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "akadze-cli-no-user-" });
+  try {
+    // The fixture app reads MARKER and ENQUEUE_ON_LOAD, which these permissions forbid.
+    await Deno.writeTextFile(
+      `${dir}/app.ts`,
+      `import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("hello", ({ name }) => "hello " + name);
+`,
+    );
+    await withDatabase("cli_worker_no_user", async (db, sql) => {
+      const url = new URL(db.url);
+      const database = decodeURIComponent(url.pathname.slice(1));
+      // SPEC §8, exactly; the app's code is its directory and this checkout (its akadze).
+      const permissions = [
+        `--allow-net=${url.host}`,
+        "--allow-env=AKADZE_*,PG*",
+        "--allow-sys=hostname",
+        `--allow-read=${dir},${ROOT}`,
+      ];
+      const pg: Record<string, string> = url.password
+        ? { PGPASSWORD: decodeURIComponent(url.password) }
+        : {};
+      const user = decodeURIComponent(url.username);
+      const cases: [string, Record<string, string>][] = [
+        [`postgres://${url.host}/${database}`, { ...pg, PGUSER: user }],
+        [`postgres://${url.hostname}`, {
+          ...pg,
+          PGUSERNAME: user,
+          PGPORT: url.port,
+          PGDATABASE: database,
+        }],
+        [`postgres:///${database}`, {
+          ...pg,
+          PGUSER: user,
+          PGHOST: url.hostname,
+          PGPORT: url.port,
+        }],
+      ];
+      for (const [databaseUrl, env] of cases) {
+        const id = await insertJob(sql, "hello", { name: "ada" });
+        const out = await spawnCli(
+          ["worker", `${dir}/app.ts`, "--batch", "--poll-interval", "0.1"],
+          { AKADZE_DATABASE_URL: databaseUrl, ...env },
+          { permissions },
+        ).done();
+        assertEquals(out.code, 0, `${databaseUrl}: ${out.stderr}`);
+        assertEquals((await jobState(sql, id)).state, "succeeded");
+      }
+      // No user anywhere these permissions let it look: one line saying where to put it.
+      const out = await spawnCli(
+        ["worker", `${dir}/app.ts`, "--batch"],
+        { AKADZE_DATABASE_URL: `postgres://${url.host}/${database}`, ...pg },
+        { permissions },
+      ).done();
+      assertEquals(out.code, 1, out.stderr);
+      assertMatch(out.stderr, ONE_LINE_ERROR);
+      assertMatch(out.stderr, /no user name and PGUSER is not set.*put the user in the URL/);
+      assert(!out.stderr.includes("Requires"), out.stderr);
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -1,4 +1,5 @@
 import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
+import { userInfo } from "node:os";
 import postgres from "postgres";
 import { connect, describeError, isTransientError, quoteSchema, redact } from "../src/db.ts";
 import { AkadzeError } from "../src/errors.ts";
@@ -40,6 +41,32 @@ Deno.test("connect uses no prepared statements and names the application", async
       await sql.end();
     }
   }, { migrated: false });
+});
+
+Deno.test("connect takes the user from the URL, else PGUSERNAME, PGUSER, else the OS user", async () => {
+  const saved = Object.fromEntries(["PGUSERNAME", "PGUSER"].map((k) => [k, Deno.env.get(k)]));
+  const userOf = async (url: string) => {
+    const sql = connect(url);
+    const user = sql.options.user;
+    await sql.end();
+    return user;
+  };
+  try {
+    Deno.env.set("PGUSERNAME", "from_pgusername");
+    Deno.env.set("PGUSER", "from_pguser");
+    assertEquals(await userOf("postgres://in_url@127.0.0.1:1/x"), "in_url");
+    assertEquals(await userOf("postgres://in_url:pw@h1:1,h2:2/x"), "in_url");
+    assertEquals(await userOf("postgres://127.0.0.1:1/x"), "from_pgusername");
+    Deno.env.delete("PGUSERNAME");
+    assertEquals(await userOf("postgres://:pw@127.0.0.1:1/x"), "from_pguser");
+    Deno.env.delete("PGUSER");
+    // With every permission (this test run), as postgres.js itself would.
+    assertEquals(await userOf("postgres:///x"), userInfo().username);
+  } finally {
+    for (const [k, v] of Object.entries(saved)) {
+      v === undefined ? Deno.env.delete(k) : Deno.env.set(k, v);
+    }
+  }
 });
 
 Deno.test("transient SQLSTATEs and driver codes are classified as transient", () => {

@@ -1,8 +1,9 @@
 import { assert, assertEquals, assertThrows } from "./assert.ts";
 import postgres from "postgres";
+import { requestCancel } from "../src/admin.ts";
 import { AkadzeError } from "../src/errors.ts";
-import { assertTestDatabaseUrl, createTestDatabase } from "../src/testing.ts";
-import { withDatabase } from "./_helpers.ts";
+import { assertTestDatabaseUrl, createTestDatabase, drain } from "../src/testing.ts";
+import { withApp, withDatabase } from "./_helpers.ts";
 
 Deno.test("the database-name guard accepts akadze and *_test only", () => {
   assertEquals(assertTestDatabaseUrl("postgres://u@h/akadze"), "akadze");
@@ -55,4 +56,27 @@ Deno.test("deno task test refuses a non-test AKADZE_DATABASE_URL and drops nothi
   assertEquals(out.code, 2);
   const stderr = new TextDecoder().decode(out.stderr);
   assert(stderr.includes('refusing to use database "production"'), stderr);
+});
+
+Deno.test("drain runs jobs enqueued into another queue with using({ queue })", async () => {
+  await withApp("drain_queues", async (app, sql) => {
+    const ran: string[] = [];
+    const hop = app.task("hop", async ({ at }) => {
+      ran.push(String(at));
+      // A job may move its follow-up to a queue no task names as its default.
+      if (at === "other") await hop.using({ queue: "third" }).enqueue({ at: "third" });
+    });
+    await hop.using({ queue: "other" }).enqueue({ at: "other" });
+    await hop.enqueue({ at: "default" });
+    // A job of a task this app does not define is not drain's to run.
+    await sql`insert into akadze.jobs (task, queue, args) values ('elsewhere', 'other', '{}')`;
+    // A later job whose cancel was asked for is cancelled by the claim pass, in its queue too.
+    const later = await hop.using({ queue: "fourth", delay: 60_000 }).enqueue({ at: "later" });
+    assert(await requestCancel(app.sql, later));
+    assertEquals(await drain(app), 3);
+    assertEquals(ran.sort(), ["default", "other", "third"]);
+    const rows = await sql`select task, state from akadze.jobs where state <> 'succeeded'
+                           order by id`;
+    assertEquals(rows.map((r) => `${r.task}:${r.state}`), ["elsewhere:queued", "hop:cancelled"]);
+  });
 });

@@ -6,6 +6,7 @@
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { describeError, urlPassword } from "../db.ts";
+import { safeText } from "./output.ts";
 
 /** A command-line usage error: printed as one line, exit code 2. */
 export class UsageError extends Error {
@@ -56,6 +57,6 @@ export function reportError(error: unknown): number {
     // no env permission (e.g. a file-only health probe): nothing to redact
   }
   const password = url ? urlPassword(url) : undefined;
-  console.error(`error: ${describeError(error, password ? [password] : [])}`);
+  console.error(`error: ${safeText(describeError(error, password ? [password] : []))}`);
   return error instanceof UsageError ? 2 : 1;
 }

@@ -19,6 +19,7 @@ import { AkadzeError } from "../errors.ts";
 import { pendingVersions } from "../migrate.ts";
 import { databaseUrl, parseFlags, UsageError } from "./common.ts";
 import { heartbeatFiles } from "./heartbeat_files.ts";
+import { safeText } from "./output.ts";
 import { MAX_PROCESSES } from "./worker_flags.ts";
 
 /** The default of `--max-age`, seconds. */
@@ -248,10 +249,10 @@ export async function healthCommand(args: string[]): Promise<number> {
     report = await probeDatabase(databaseUrl(), options, timeout);
   }
   if (report.ok) {
-    console.log(`ok: ${report.line}`);
+    console.log(`ok: ${safeText(report.line)}`);
     return 0;
   }
-  console.error(`unhealthy: ${report.line}`);
+  console.error(`unhealthy: ${safeText(report.line)}`);
   return 1;
 }
 

@@ -23,7 +23,15 @@ import {
   SCHEMA_OPTION,
   withSql,
 } from "./ops.ts";
-import { type Column, isoTime, printJson, printRecord, printTable } from "./output.ts";
+import {
+  type Column,
+  isoTime,
+  printJson,
+  printRecord,
+  printTable,
+  safeJson,
+  safeText,
+} from "./output.ts";
 
 const STATES: readonly JobState[] = ["queued", "running", "succeeded", "failed", "cancelled"];
 
@@ -209,9 +217,11 @@ async function showCommand(args: string[]): Promise<number> {
     ["snoozes", job.snoozes],
     ["errors", job.errors.length],
   ]);
-  for (const e of job.errors) console.log(`error: ${e.at} ${e.error}: ${oneLine(e.message)}`);
-  if (values.args) console.log(`args: ${JSON.stringify(job.args ?? null)}`);
-  if (values.result) console.log(`result: ${JSON.stringify(job.result ?? null)}`);
+  for (const e of job.errors) {
+    console.log(safeText(`error: ${oneLine(`${e.at} ${e.error}: ${e.message}`)}`));
+  }
+  if (values.args) console.log(`args: ${safeJson(job.args ?? null)}`);
+  if (values.result) console.log(`result: ${safeJson(job.result ?? null)}`);
   return 0;
 }
 

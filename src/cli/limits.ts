@@ -21,7 +21,7 @@ import {
   secondsFlag,
   withSql,
 } from "./ops.ts";
-import { type Column, msToSeconds, printJson, printTable } from "./output.ts";
+import { type Column, msToSeconds, printJson, printTable, safeText } from "./output.ts";
 
 /** Help text of `akadze limits`. */
 export const LIMITS_HELP = `Usage: akadze limits <command> [options]
@@ -186,7 +186,7 @@ async function clearCommand(args: string[]): Promise<number> {
   const { positionals: [key], schema } = parsed;
   checkKey(key);
   const existed = await withSql((sql) => clearLimit(sql, key, { schema }));
-  console.log(existed ? `cleared limit ${key}` : `no limit ${key} (nothing cleared)`);
+  console.log(safeText(existed ? `cleared limit ${key}` : `no limit ${key} (nothing cleared)`));
   return 0;
 }
 

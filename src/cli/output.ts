@@ -15,19 +15,43 @@ export interface Column<T> {
   value: (row: T) => unknown;
 }
 
+// deno-lint-ignore no-control-regex -- matching them is the point
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/g;
+
+/**
+ * A text made safe to print to a terminal: every control character (C0, DEL, C1) is
+ * shown as a `\xNN` escape, so text from the database (task names, keys, error messages)
+ * cannot move the cursor, retitle the window or recolour the output with an escape
+ * sequence. Every text printer of the CLI goes through it; `--json` needs no help.
+ */
+export function safeText(text: string): string {
+  return text.replace(CONTROL, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+}
+
+/**
+ * A value as JSON whose strings hold no raw DEL or C1 character (JSON.stringify escapes
+ * the C0 ones only): `\u00NN` escapes, the same JSON value.
+ */
+export function safeJson(value: unknown, indent?: number): string {
+  return JSON.stringify(value, null, indent).replace(
+    /[\u007f-\u009f]/g,
+    (c) => `\\u00${c.charCodeAt(0).toString(16)}`,
+  );
+}
+
 /**
  * One cell as text: `-` for null/undefined/empty, ISO 8601 (UTC) for dates, comma-joined
  * arrays, compact JSON for objects; tabs and line breaks become spaces so a row stays one
- * line.
+ * line, other control characters `\xNN` escapes ({@linkcode safeText}).
  */
 export function formatCell(value: unknown): string {
   let text: string;
   if (value === null || value === undefined) text = "";
   else if (value instanceof Date) text = isoTime(value) ?? "";
   else if (Array.isArray(value)) text = value.map(formatCell).join(",");
-  else if (typeof value === "object") text = JSON.stringify(value);
+  else if (typeof value === "object") text = safeJson(value);
   else text = String(value);
-  text = text.replace(/[\t\r\n]+/g, " ");
+  text = safeText(text.replace(/[\t\r\n]+/g, " "));
   return text === "" ? "-" : text;
 }
 
@@ -52,7 +76,7 @@ export function printRecord(entries: readonly [string, unknown][]): void {
 
 /** Print a value as indented JSON (dates as ISO 8601 strings). */
 export function printJson(value: unknown): void {
-  console.log(JSON.stringify(value, null, 2));
+  console.log(safeJson(value, 2));
 }
 
 /** A date as ISO 8601 in UTC, or null. */

@@ -15,6 +15,7 @@ import { UsageError } from "./common.ts";
 import { slotHeartbeatFile } from "./heartbeat_files.ts";
 import { assertAppModuleExists, loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
 import { configureCliLogging } from "./logging.ts";
+import { safeText } from "./output.ts";
 import { handleStopSignals } from "./signals.ts";
 import { superviseWorkers, watchSupervisor } from "./supervisor.ts";
 import { parseWorkerCommandLine, type WorkerCommandLine, workerFlagsHelp } from "./worker_flags.ts";
@@ -123,7 +124,7 @@ export async function runAppWorker(
     await assertMigrated(app, secrets);
     const exit = await worker.run({ signal });
     if (exit.code !== 0) {
-      console.error(`error: ${describeError(exit.message ?? exit.reason, secrets)}`);
+      console.error(`error: ${safeText(describeError(exit.message ?? exit.reason, secrets))}`);
     }
     return exit.code;
   } catch (error) {
