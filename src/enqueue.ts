@@ -6,6 +6,7 @@
  */
 import {
   atomically,
+  explainMissingSchema,
   jobsChannel,
   PREPARED,
   quoteSchema,
@@ -135,7 +136,12 @@ export async function enqueueJobs(
   }
   checkQueueName(base.queue, EnqueueError);
   if (checked.length === 0) return [];
-  return await insertRows(host, base, checked, options.session);
+  return await explainMissingSchema(
+    host.schema,
+    () => insertRows(host, base, checked, options.session),
+    EnqueueError,
+    `cannot enqueue task "${target.name}": `,
+  );
 }
 
 function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {

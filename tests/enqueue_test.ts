@@ -5,7 +5,9 @@ import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { jobsChannel } from "../src/db.ts";
 import { assertEnqueued } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, waitFor, withApp } from "./_helpers.ts";
+import { Akadze } from "../src/app.ts";
+import { migrate } from "../src/migrate.ts";
+import { countJobs, waitFor, withApp, withDatabase } from "./_helpers.ts";
 
 Deno.test("a committed enqueue keeps every column as given", async () => {
   await withApp("enq_columns", async (app, sql) => {
@@ -409,4 +411,48 @@ Deno.test("assertEnqueued matches a subset of the arguments and names the task o
     const error = await assertRejects(() => assertEnqueued(app, "mail.welcome", { to: "alan" }));
     assertMatch(error.message, /1 queued or running job\(s\) of task "mail.welcome"/);
   });
+});
+
+Deno.test("enqueue into a database without akadze's schema says to run akadze migrate", async () => {
+  await withDatabase("enq_unmigrated", async (db, sql) => {
+    const app = new Akadze({ databaseUrl: db.url });
+    const hooked = new Akadze({ databaseUrl: db.url });
+    try {
+      const task = app.task("mail.send", () => {});
+      const says =
+        /^cannot enqueue task "mail\.send": the akadze schema "akadze" is not installed in this database \(or is out of date\): run akadze migrate/;
+      for (
+        const enqueue of [
+          () => task.enqueue({}),
+          () => task.enqueueMany([{}, {}]),
+          () => app.sql.begin((tx) => task.using({ session: tx }).enqueue({})),
+          () => app.sql.begin((tx) => task.using({ session: tx }).enqueueMany([{}, {}])),
+        ]
+      ) {
+        const error = await assertRejects(enqueue, EnqueueError);
+        assertMatch(error.message, says);
+      }
+      // A hook's own error about a table of the application is not akadze's to explain.
+      hooked.hooks.onEnqueue.push(async (tx) => {
+        await tx`select * from app_missing_table`;
+      });
+      const other = hooked.task("other", () => {});
+      await migrate(sql);
+      const error = await assertRejects(() => other.enqueue({}));
+      assert(!(error instanceof EnqueueError), String(error));
+      assertMatch(String(error), /relation "app_missing_table" does not exist/);
+      // A schema other than the one migrated is named.
+      const custom = new Akadze({ databaseUrl: db.url, schema: "custom" });
+      try {
+        const t = custom.task("t", () => {});
+        const missing = await assertRejects(() => t.enqueue({}), EnqueueError);
+        assertMatch(missing.message, /the akadze schema "custom" is not installed/);
+      } finally {
+        await custom.close();
+      }
+    } finally {
+      await app.close();
+      await hooked.close();
+    }
+  }, { migrated: false });
 });

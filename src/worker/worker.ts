@@ -7,7 +7,7 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError } from "../db.ts";
+import { describeError, isSchemaMissing, isTransientError, schemaMissingMessage } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
@@ -736,10 +736,10 @@ export class Worker {
   }
 
   #fatal(error: unknown): WorkerExit {
-    let message = describeError(error);
-    if ((error as { code?: unknown }).code === "42P01") {
-      message += ` (is the schema "${this.#app.schema}" migrated? run: akadze migrate)`;
-    }
+    const { schema } = this.#app;
+    const message = isSchemaMissing(error, schema)
+      ? schemaMissingMessage(schema, error)
+      : describeError(error);
     return { code: 1, reason: "fatal", message };
   }
 
