@@ -3,7 +3,7 @@ import { z } from "zod";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { jobsChannel } from "../src/db.ts";
-import { assertEnqueued } from "../src/testing.ts";
+import { assertEnqueued, drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
 import { Akadze } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
@@ -334,7 +334,7 @@ Deno.test("argument schemas: valibot and zod, errors name the task and field, ou
       {
         args: z.object({
           count: z.number().int().min(1),
-          when: z.date().transform((d) => d.toISOString()),
+          when: z.coerce.date().transform((d) => d.toISOString()),
         }),
       },
       () => {},
@@ -455,4 +455,73 @@ Deno.test("enqueue into a database without akadze's schema says to run akadze mi
       await hooked.close();
     }
   }, { migrated: false });
+});
+
+Deno.test("a schema that rejects or changes its own output is refused at enqueue, naming the task", async () => {
+  await withApp("enq_own_output", async (app, sql) => {
+    const parse = app.task(
+      "parse",
+      { args: v.object({ n: v.pipe(v.string(), v.transform(Number)) }) },
+      () => {},
+    );
+    const zodParse = app.task(
+      "zod.parse",
+      { args: z.object({ n: z.string().transform(Number) }) },
+      () => {},
+    );
+    const bump = app.task(
+      "bump",
+      { args: v.object({ n: v.pipe(v.number(), v.transform((n) => n + 1)) }) },
+      () => {},
+    );
+    const rejects =
+      /^cannot enqueue task "parse": its args schema does not accept its own output \(n: [^)]+\), so every run would fail; nothing was enqueued\. The worker validates/;
+    assertMatch(
+      (await assertRejects(() => parse.enqueue({ n: "5" }), EnqueueError)).message,
+      rejects,
+    );
+    const many = await assertRejects(
+      () => parse.enqueueMany([{ n: "1" }, { n: "2" }]),
+      EnqueueError,
+    );
+    assertMatch(many.message, /task "parse" \(element 0\): its args schema does not accept/);
+    await assertRejects(
+      () => app.sql.begin((tx) => parse.using({ session: tx }).enqueue({ n: "5" })),
+      EnqueueError,
+    );
+    const zodError = await assertRejects(() => zodParse.enqueue({ n: "5" }), EnqueueError);
+    assertMatch(
+      zodError.message,
+      /task "zod\.parse": its args schema does not accept its own output/,
+    );
+    const changes = await assertRejects(() => bump.enqueue({ n: 1 }), EnqueueError);
+    assertMatch(changes.message, /task "bump": its args schema changes its own output again/);
+    assertEquals(await countJobs(sql), 0);
+
+    // Schemas whose output they accept unchanged still transform at enqueue: stripped keys,
+    // filled defaults, trimmed strings; the handler gets what was stored.
+    const seen: unknown[] = [];
+    const tidy = app.task(
+      "tidy",
+      {
+        args: v.object({
+          name: v.pipe(v.string(), v.trim()),
+          tags: v.optional(v.array(v.string()), []),
+        }),
+      },
+      (args) => {
+        seen.push(args);
+      },
+    );
+    await tidy.enqueue({ name: "  ada  ", extra: 1 } as never);
+    await tidy.enqueueMany([{ name: "alan" }, { name: " grace", tags: ["x"] }]);
+    const rows = await sql`select args from akadze.jobs j order by j.id`;
+    const stored = [{ name: "ada", tags: [] }, { name: "alan", tags: [] }, {
+      name: "grace",
+      tags: ["x"],
+    }];
+    assertEquals(rows.map((r) => r.args), stored);
+    assertEquals(await drain(app), 3);
+    assertEquals(seen, stored);
+  });
 });
