@@ -62,6 +62,8 @@ export {
   knownVersions,
   migrate,
   type MigrateOptions,
+  type MigrationStatus,
+  migrationStatus,
   pendingVersions,
 } from "./src/migrate.ts";
 export { Akadze, type AkadzeOptions, type TaskModule } from "./src/app.ts";

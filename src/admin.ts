@@ -8,6 +8,7 @@
 import {
   atomically,
   cancelChannel,
+  explainMissingSchema,
   jobsChannel,
   quoteSchema,
   type Sql,
@@ -53,14 +54,16 @@ export async function requestCancel(
 ): Promise<boolean> {
   const schema = options.schema ?? "akadze";
   const s = quoteSchema(schema);
-  const rows = await session.unsafe(
-    `with marked as (
-       update ${s}.jobs set cancel_requested_at = coalesce(cancel_requested_at, now())
-        where id = $1::bigint and state in ('queued', 'running')
-       returning id, state)
-     select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
-    [normalizeId(jobId), cancelChannel(schema)],
-  );
+  const id = normalizeId(jobId);
+  const rows = await explainMissingSchema(schema, () =>
+    session.unsafe(
+      `with marked as (
+         update ${s}.jobs set cancel_requested_at = coalesce(cancel_requested_at, now())
+          where id = $1::bigint and state in ('queued', 'running')
+         returning id, state)
+       select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
+      [id, cancelChannel(schema)],
+    ));
   return rows.length > 0;
 }
 
@@ -102,10 +105,11 @@ export async function requeue(
            (select count(*) from moved)::int as moved`;
   let row: { state: string | null; moved: number };
   try {
-    row = await atomically(session, async (tx) => {
-      const [r] = await tx.unsafe(statement, [id, jobsChannel(schema)]);
-      return r as unknown as { state: string | null; moved: number };
-    });
+    row = await explainMissingSchema(schema, () =>
+      atomically(session, async (tx) => {
+        const [r] = await tx.unsafe(statement, [id, jobsChannel(schema)]);
+        return r as unknown as { state: string | null; moved: number };
+      }));
   } catch (error) {
     if ((error as { code?: unknown }).code === "23505") {
       throw new DuplicateJob(
@@ -133,11 +137,14 @@ export async function pauseQueue(
   queue: string,
   options: AdminOptions = {},
 ): Promise<boolean> {
-  const s = quoteSchema(options.schema ?? "akadze");
-  const rows = await session.unsafe(
-    `insert into ${s}.queue_pauses (queue) values ($1) on conflict do nothing returning queue`,
-    [checkQueueName(queue)],
-  );
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const name = checkQueueName(queue);
+  const rows = await explainMissingSchema(schema, () =>
+    session.unsafe(
+      `insert into ${s}.queue_pauses (queue) values ($1) on conflict do nothing returning queue`,
+      [name],
+    ));
   return rows.length > 0;
 }
 
@@ -158,11 +165,13 @@ export async function resumeQueue(
 ): Promise<boolean> {
   const schema = options.schema ?? "akadze";
   const s = quoteSchema(schema);
-  const rows = await session.unsafe(
-    `with resumed as (delete from ${s}.queue_pauses where queue = $1 returning queue)
-     select queue, pg_notify($2, queue) from resumed`,
-    [checkQueueName(queue), jobsChannel(schema)],
-  );
+  const name = checkQueueName(queue);
+  const rows = await explainMissingSchema(schema, () =>
+    session.unsafe(
+      `with resumed as (delete from ${s}.queue_pauses where queue = $1 returning queue)
+       select queue, pg_notify($2, queue) from resumed`,
+      [name, jobsChannel(schema)],
+    ));
   return rows.length > 0;
 }
 
@@ -192,7 +201,8 @@ export async function setLimit(
   limits: LimitOptions,
   options: AdminOptions = {},
 ): Promise<LimitSummary> {
-  const s = quoteSchema(options.schema ?? "akadze");
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
   checkKey(key);
   if (typeof limits !== "object" || limits === null) {
     throw new AkadzeError("setLimit needs { maxRunning?, maxStarts?, window? }");
@@ -217,9 +227,10 @@ export async function setLimit(
     );
   }
   const keep = (value: unknown) => value === undefined;
-  const [row] = await atomically(session, (tx) =>
-    tx.unsafe(
-      `insert into ${s}.limits as l (key, max_running, max_starts, "window")
+  const [row] = await explainMissingSchema(schema, () =>
+    atomically(session, (tx) =>
+      tx.unsafe(
+        `insert into ${s}.limits as l (key, max_running, max_starts, "window")
        values ($1, $2::int, $4::int, $6::float8 * interval '1 millisecond')
        on conflict (key) do update set
          max_running = case when $3 then l.max_running else excluded.max_running end,
@@ -227,23 +238,23 @@ export async function setLimit(
          "window" = case when $7 then l."window" else excluded."window" end,
          updated_at = now()
        returning ${limitColumns(s)}`,
-      [
-        key,
-        maxRunning ?? null,
-        keep(maxRunning),
-        maxStarts ?? null,
-        keep(maxStarts),
-        window ?? null,
-        keep(window),
-      ],
-    ).catch((error) => {
-      if ((error as { code?: unknown }).code === "23514") {
-        throw new AkadzeError(
-          `limit "${key}": maxStarts and window must be set together (and removed together)`,
-        );
-      }
-      throw error;
-    }));
+        [
+          key,
+          maxRunning ?? null,
+          keep(maxRunning),
+          maxStarts ?? null,
+          keep(maxStarts),
+          window ?? null,
+          keep(window),
+        ],
+      ).catch((error) => {
+        if ((error as { code?: unknown }).code === "23514") {
+          throw new AkadzeError(
+            `limit "${key}": maxStarts and window must be set together (and removed together)`,
+          );
+        }
+        throw error;
+      })));
   return toLimit(row);
 }
 
@@ -262,14 +273,16 @@ export async function clearLimit(
   key: string,
   options: AdminOptions = {},
 ): Promise<boolean> {
-  const s = quoteSchema(options.schema ?? "akadze");
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
   checkKey(key);
-  const [row] = await session.unsafe(
-    `with gone as (delete from ${s}.limits where key = $1 returning key),
-          marks as (delete from ${s}.limit_starts where key = $1)
-     select count(*)::int as n from gone`,
-    [key],
-  );
+  const [row] = await explainMissingSchema(schema, () =>
+    session.unsafe(
+      `with gone as (delete from ${s}.limits where key = $1 returning key),
+            marks as (delete from ${s}.limit_starts where key = $1)
+       select count(*)::int as n from gone`,
+      [key],
+    ));
   return row.n > 0;
 }
 
@@ -303,18 +316,22 @@ export async function queueSnapshot(
   db: Database,
   options: AdminOptions = {},
 ): Promise<QueueSnapshot[]> {
-  const [sql, s] = target(db, options);
-  const rows = await sql.begin("isolation level repeatable read read only", async (tx) => {
-    const counts = await tx.unsafe(
-      `select queue, state, count(*)::int as n,
+  const [sql, s, schema] = target(db, options);
+  const rows = await explainMissingSchema(
+    schema,
+    () =>
+      sql.begin("isolation level repeatable read read only", async (tx) => {
+        const counts = await tx.unsafe(
+          `select queue, state, count(*)::int as n,
               count(*) filter (where state = 'queued' and run_at <= now())::int as ready,
               coalesce(extract(epoch from now() - min(run_at)
                 filter (where state = 'queued' and run_at <= now())), 0)::float8 as lag
          from ${s}.jobs group by queue, state`,
-    );
-    const pauses = await tx.unsafe(`select queue from ${s}.queue_pauses`);
-    return { counts, pauses };
-  });
+        );
+        const pauses = await tx.unsafe(`select queue from ${s}.queue_pauses`);
+        return { counts, pauses };
+      }),
+  );
   const paused = new Set(rows.pauses.map((r) => r.queue as string));
   const byQueue = new Map<string, QueueSnapshot>();
   const entry = (queue: string): QueueSnapshot => {
@@ -406,7 +423,7 @@ const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, 
  * ```
  */
 export async function listJobs(db: Database, options: ListJobsOptions = {}): Promise<JobSummary[]> {
-  const [sql, s] = target(db, options);
+  const [sql, s, schema] = target(db, options);
   const limit = options.limit ?? 50;
   if (!Number.isInteger(limit) || limit < 1 || limit > 1000) {
     throw new AkadzeError(`limit must be an integer from 1 to 1000, got ${limit}`);
@@ -415,12 +432,13 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
     throw new AkadzeError(`state must be one of ${STATES.join(", ")}, got ${options.state}`);
   }
   if (options.queue !== undefined) checkQueueName(options.queue);
-  const rows = await sql.unsafe(
-    `select ${SUMMARY_COLUMNS} from ${s}.jobs
-      where ($1::text is null or queue = $1) and ($2::text is null or state = $2)
-      order by priority desc, run_at, jobs.id limit $3`,
-    [options.queue ?? null, options.state ?? null, limit],
-  );
+  const rows = await explainMissingSchema(schema, () =>
+    sql.unsafe(
+      `select ${SUMMARY_COLUMNS} from ${s}.jobs
+        where ($1::text is null or queue = $1) and ($2::text is null or state = $2)
+        order by priority desc, run_at, jobs.id limit $3`,
+      [options.queue ?? null, options.state ?? null, limit],
+    ));
   return rows.map(toSummary);
 }
 
@@ -459,11 +477,13 @@ export async function getJob(
   jobId: string,
   options: GetJobOptions = {},
 ): Promise<JobDetail | null> {
-  const [sql, s] = target(db, options);
-  const [row] = await sql.unsafe(
-    `select ${SUMMARY_COLUMNS}, snoozes, errors, args, result from ${s}.jobs where id = $1::bigint`,
-    [normalizeId(jobId)],
-  );
+  const [sql, s, schema] = target(db, options);
+  const id = normalizeId(jobId);
+  const [row] = await explainMissingSchema(schema, () =>
+    sql.unsafe(
+      `select ${SUMMARY_COLUMNS}, snoozes, errors, args, result from ${s}.jobs where id = $1::bigint`,
+      [id],
+    ));
   if (!row) return null;
   const detail: JobDetail = { ...toSummary(row), snoozes: row.snoozes, errors: row.errors };
   if (options.includeArgs) detail.args = row.args;
@@ -506,14 +526,15 @@ export async function listWorkers(
   db: Database,
   options: AdminOptions = {},
 ): Promise<WorkerSummary[]> {
-  const [sql, s] = target(db, options);
-  const rows = await sql.unsafe(
-    `select w.id, w.hostname, w.pid, w.queues, w.started_at, w.heartbeat_at, w.heartbeat_ttl_ms,
+  const [sql, s, schema] = target(db, options);
+  const rows = await explainMissingSchema(schema, () =>
+    sql.unsafe(
+      `select w.id, w.hostname, w.pid, w.queues, w.started_at, w.heartbeat_at, w.heartbeat_ttl_ms,
             w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond' as alive,
             (select count(*) from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')::int
               as running
        from ${s}.workers w order by w.heartbeat_at desc, w.id`,
-  );
+    ));
   return rows.map((r) => ({
     id: r.id,
     hostname: r.hostname,
@@ -566,9 +587,10 @@ export async function listLimits(
   db: Database,
   options: AdminOptions = {},
 ): Promise<LimitSummary[]> {
-  const [sql, s] = target(db, options);
-  const rows = await sql.unsafe(
-    `select ${limitColumns(s)} from ${s}.limits l order by l.key`,
+  const [sql, s, schema] = target(db, options);
+  const rows = await explainMissingSchema(
+    schema,
+    () => sql.unsafe(`select ${limitColumns(s)} from ${s}.limits l order by l.key`),
   );
   return rows.map(toLimit);
 }
@@ -627,9 +649,10 @@ function checkKey(key: string): void {
   if (problem) throw new AkadzeError(problem);
 }
 
-function target(db: Database, options: AdminOptions): [Sql, string] {
-  if (typeof db === "function") return [db, quoteSchema(options.schema ?? "akadze")];
-  return [db.sql, quoteSchema(options.schema ?? db.schema)];
+/** The pool, the quoted schema and the schema name of a read. */
+function target(db: Database, options: AdminOptions): [Sql, string, string] {
+  const schema = options.schema ?? (typeof db === "function" ? "akadze" : db.schema);
+  return [typeof db === "function" ? db : db.sql, quoteSchema(schema), schema];
 }
 
 function toSummary(r: Record<string, unknown>): JobSummary {
@@ -698,7 +721,8 @@ export async function pruneJobs(
   session: Session,
   options: PruneJobsOptions = {},
 ): Promise<number> {
-  const s = quoteSchema(options.schema ?? "akadze");
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
   const olderThan = options.olderThan ?? 7 * 86_400_000;
   if (typeof olderThan !== "number" || !Number.isFinite(olderThan) || olderThan < 0) {
     throw new AkadzeError(
@@ -715,18 +739,20 @@ export async function pruneJobs(
     }
   }
   const includeFailed = options.includeFailed ?? false;
-  if (options.dryRun) {
-    const [row] = await session.unsafe(
-      `select count(*)::float8 as n from ${s}.jobs where ${oldJobsCondition(includeFailed)}`,
-      [olderThan],
-    );
-    return Number(row.n);
-  }
-  const statement = deleteOldJobsStatement(s, includeFailed);
-  let total = 0;
-  for (;;) {
-    const { count } = await session.unsafe(statement, [olderThan, batchSize]);
-    total += count;
-    if (count < batchSize) return total;
-  }
+  return await explainMissingSchema(schema, async () => {
+    if (options.dryRun) {
+      const [row] = await session.unsafe(
+        `select count(*)::float8 as n from ${s}.jobs where ${oldJobsCondition(includeFailed)}`,
+        [olderThan],
+      );
+      return Number(row.n);
+    }
+    const statement = deleteOldJobsStatement(s, includeFailed);
+    let total = 0;
+    for (;;) {
+      const { count } = await session.unsafe(statement, [olderThan, batchSize]);
+      total += count;
+      if (count < batchSize) return total;
+    }
+  });
 }

@@ -201,6 +201,53 @@ export function cancelChannel(schema: string): string {
   return `${schema}_cancel`;
 }
 
+/** undefined_table, undefined_function, invalid_schema_name. */
+const MISSING_OBJECT_SQLSTATES = new Set(["42P01", "42883", "3F000"]);
+
+/**
+ * Whether `error` (or its cause) is PostgreSQL saying that akadze's `schema`, or a table
+ * or function in it, does not exist: the database was never migrated, or is behind this
+ * release. Errors about other schemas' objects (an application's table in a hook) are not.
+ */
+export function isSchemaMissing(error: unknown, schema: string): boolean {
+  for (let e: unknown = error, depth = 0; e && typeof e === "object" && depth < 3; depth++) {
+    const { code, message } = e as { code?: unknown; message?: unknown };
+    if (typeof code === "string" && MISSING_OBJECT_SQLSTATES.has(code)) {
+      // relation "akadze.jobs" / function akadze.claim_one(...) / schema "akadze"
+      const text = String(message);
+      return text.includes(`"${schema}.`) || text.includes(` ${schema}.`) ||
+        text.includes(`"${schema}"`);
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/**
+ * Rethrow a missing-schema error of a statement on akadze's tables as one that says to
+ * migrate (an `AkadzeError`, or `kind`, prefixed with `prefix`); anything else unchanged.
+ * Inside a caller's transaction the failed statement has aborted it all the same.
+ */
+export async function explainMissingSchema<T>(
+  schema: string,
+  run: () => Promise<T>,
+  kind: new (message: string, options?: ErrorOptions) => AkadzeError = AkadzeError,
+  prefix = "",
+): Promise<T> {
+  try {
+    return await run();
+  } catch (error) {
+    if (!isSchemaMissing(error, schema) || error instanceof AkadzeError) throw error;
+    throw new kind(prefix + schemaMissingMessage(schema, error), { cause: error });
+  }
+}
+
+/** What to tell a user whose database lacks akadze's schema (see {@linkcode isSchemaMissing}). */
+export function schemaMissingMessage(schema: string, error: unknown): string {
+  return `the akadze schema "${schema}" is not installed in this database (or is out of ` +
+    `date): run akadze migrate, or migrate() from code (${describeError(error)})`;
+}
+
 const TRANSIENT_SQLSTATES = new Set(["57P01", "57P02", "57P03", "53300", "40001", "40P01"]);
 const TRANSIENT_DRIVER_CODES = new Set([
   "CONNECTION_CLOSED",

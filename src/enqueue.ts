@@ -6,6 +6,7 @@
  */
 import {
   atomically,
+  explainMissingSchema,
   jobsChannel,
   PREPARED,
   quoteSchema,
@@ -15,7 +16,12 @@ import {
 import { AkadzeError, DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
-import { formatIssues, type StandardSchemaV1 } from "./standard_schema.ts";
+import {
+  formatIssues,
+  OWN_OUTPUT_ADVICE,
+  ownOutputProblem,
+  type StandardSchemaV1,
+} from "./standard_schema.ts";
 
 /** Per-enqueue options, given to `task.using(...)` (never mixed with task arguments). */
 export interface EnqueueOptions {
@@ -135,7 +141,12 @@ export async function enqueueJobs(
   }
   checkQueueName(base.queue, EnqueueError);
   if (checked.length === 0) return [];
-  return await insertRows(host, base, checked, options.session);
+  return await explainMissingSchema(
+    host.schema,
+    () => insertRows(host, base, checked, options.session),
+    EnqueueError,
+    `cannot enqueue task "${target.name}": `,
+  );
 }
 
 function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
@@ -203,22 +214,34 @@ function checkKey(name: string, value: unknown): string | null {
 
 /**
  * Validate one job's arguments: against the task's schema when it has one (storing the
- * schema's output), and as a JSON object that jsonb can carry faithfully. Synchronous
- * without a schema, so a batch costs no promise per element.
+ * schema's output, which the schema must accept unchanged: the worker validates it again),
+ * and as a JSON object that jsonb can carry faithfully. Synchronous without a schema, so a
+ * batch costs no promise per element.
  */
 function checkArgs(
   target: EnqueueTarget,
   args: unknown,
   index?: number,
 ): Record<string, unknown> | Promise<Record<string, unknown>> {
-  if (!target.args) return checkStorable(target, args, index);
-  return Promise.resolve(target.args["~standard"].validate(args)).then((result) => {
+  const schema = target.args;
+  if (!schema) return checkStorable(target, args, index);
+  return Promise.resolve(schema["~standard"].validate(args)).then((result) => {
     if (result.issues) {
       throw new EnqueueError(
         `invalid arguments for ${which(target, index)}: ${formatIssues(result.issues)}`,
       );
     }
-    return checkStorable(target, result.value, index);
+    const value = checkStorable(target, result.value, index);
+    const settle = (problem: string | null) => {
+      if (!problem) return value;
+      throw new EnqueueError(
+        `cannot enqueue ${which(target, index)}: its args schema ${problem}; nothing was ` +
+          "enqueued. " +
+          OWN_OUTPUT_ADVICE,
+      );
+    };
+    const own = ownOutputProblem(schema, args, value);
+    return own instanceof Promise ? own.then(settle) : settle(own);
   });
 }
 

@@ -94,6 +94,34 @@ function stringProblem(s: string): Problem | null {
   return null;
 }
 
+/**
+ * Whether `a` is the same JSON value as `b`: equal primitives, arrays of the same elements,
+ * plain objects with the same own keys and values in any order. The walk follows `b`'s
+ * structure, so `b` must be finite and acyclic (a value `jsonProblem` accepts); `a` may be
+ * anything.
+ */
+export function sameJson(a: unknown, b: unknown, depth = 0): boolean {
+  if (a === b) return true;
+  if (typeof a !== "object" || typeof b !== "object" || a === null || b === null) return false;
+  if (depth > MAX_DEPTH) return false;
+  if (Array.isArray(b)) {
+    if (!Array.isArray(a) || a.length !== b.length) return false;
+    for (let i = 0; i < b.length; i++) {
+      if (!(i in a) || !sameJson(a[i], b[i], depth + 1)) return false;
+    }
+    return true;
+  }
+  if (Array.isArray(a) || !isPlainObject(a) || !isPlainObject(b)) return false;
+  const keys = Object.keys(b);
+  if (Object.keys(a).length !== keys.length) return false;
+  for (const key of keys) {
+    if (!Object.hasOwn(a, key)) return false;
+    const x = (a as Record<string, unknown>)[key], y = (b as Record<string, unknown>)[key];
+    if (!sameJson(x, y, depth + 1)) return false;
+  }
+  return true;
+}
+
 /** Whether a value is a plain object (not null, not an array, Object or null prototype). */
 export function isPlainObject(value: unknown): boolean {
   if (typeof value !== "object" || value === null || Array.isArray(value)) return false;

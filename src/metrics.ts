@@ -22,7 +22,7 @@
  *
  * @module
  */
-import { DEFAULT_SCHEMA, quoteSchema, type Sql } from "./db.ts";
+import { DEFAULT_SCHEMA, explainMissingSchema, quoteSchema, type Sql } from "./db.ts";
 
 /** Options of {@linkcode renderMetrics}. */
 export interface RenderMetricsOptions {
@@ -44,23 +44,28 @@ const STATES = ["queued", "running", "succeeded", "failed", "cancelled"] as cons
  * ```
  */
 export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}): Promise<string> {
-  const s = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
-  const read = await sql.begin("isolation level repeatable read read only", async (tx) => ({
-    counts: await tx.unsafe(`select queue, state, count(*)::bigint as n from ${s}.jobs
+  const schema = options.schema ?? DEFAULT_SCHEMA;
+  const s = quoteSchema(schema);
+  const read = await explainMissingSchema(
+    schema,
+    () =>
+      sql.begin("isolation level repeatable read read only", async (tx) => ({
+        counts: await tx.unsafe(`select queue, state, count(*)::bigint as n from ${s}.jobs
                               group by queue, state order by queue, state`),
-    lags: await tx.unsafe(`select queue, extract(epoch from now() - min(run_at))::float8 as lag
+        lags: await tx.unsafe(`select queue, extract(epoch from now() - min(run_at))::float8 as lag
                             from ${s}.jobs where state = 'queued' and run_at <= now()
                             group by queue order by queue`),
-    pauses: await tx.unsafe(`select queue from ${s}.queue_pauses order by queue`),
-    workers: await tx.unsafe(`select count(*)::int as n from ${s}.workers`),
-    limits: await tx.unsafe(`
+        pauses: await tx.unsafe(`select queue from ${s}.queue_pauses order by queue`),
+        workers: await tx.unsafe(`select count(*)::int as n from ${s}.workers`),
+        limits: await tx.unsafe(`
       select l.key, l.max_running, l.max_starts,
              (select count(*) from ${s}.jobs j where j.state = 'running' and j.limit_key = l.key)::int
                as running,
              (select count(*) from ${s}.limit_starts m
                where m.key = l.key and m.started_at > now() - l."window")::int as starts
         from ${s}.limits l order by l.key`),
-  }));
+      })),
+  );
   const queues = new Set<string>();
   for (const r of read.counts) queues.add(r.queue);
   for (const r of read.pauses) queues.add(r.queue);

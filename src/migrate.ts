@@ -136,6 +136,48 @@ export async function appliedVersions(
   });
 }
 
+/** One schema version as {@linkcode migrationStatus} reports it. */
+export interface MigrationStatus {
+  /** The version name, e.g. `"0001_init"`. */
+  version: string;
+  /** `applied` when the database records it, else `pending`. */
+  state: "applied" | "pending";
+  /** When it was applied (database clock), or null while pending. */
+  appliedAt: Date | null;
+}
+
+/**
+ * Every version this release knows, plus any the database records that this release does
+ * not (applied by a newer one), oldest first, each applied (with its time) or pending.
+ * Read-only: an absent schema lists every version as pending and creates nothing.
+ *
+ * @example
+ * ```ts ignore
+ * import { migrationStatus } from "@akadze/akadze";
+ *
+ * for (const m of await migrationStatus(Deno.env.get("AKADZE_DATABASE_URL")!)) {
+ *   console.log(m.version, m.state, m.appliedAt?.toISOString() ?? "-");
+ * }
+ * ```
+ */
+export async function migrationStatus(
+  database: string | Sql,
+  options: MigrateOptions = {},
+): Promise<MigrationStatus[]> {
+  const schema = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
+  const applied = await withSql(database, async (sql) => {
+    const [{ table }] = await sql`select to_regclass(${schema + ".schema_migrations"}) as table`;
+    if (table === null) return new Map<string, Date>();
+    const rows = await sql.unsafe(`select version, applied_at from ${schema}.schema_migrations`);
+    return new Map(rows.map((r) => [r.version as string, r.applied_at as Date]));
+  });
+  const versions = [...new Set([...knownVersions(), ...applied.keys()])].sort();
+  return versions.map((version) => {
+    const appliedAt = applied.get(version) ?? null;
+    return { version, state: appliedAt ? "applied" : "pending", appliedAt };
+  });
+}
+
 /**
  * The versions known to this release that the database does not have yet (read-only).
  *

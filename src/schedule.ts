@@ -9,7 +9,7 @@
 import { Cron } from "croner";
 import { AkadzeError } from "./errors.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
-import { formatIssues } from "./standard_schema.ts";
+import { formatIssues, OWN_OUTPUT_ADVICE, ownOutputProblem } from "./standard_schema.ts";
 import type { AnyTask } from "./task.ts";
 
 /** When and how a schedule fires. Exactly one of `cron` and `every`. */
@@ -243,6 +243,22 @@ function validateArgs(
   if (!isPlainObject(value)) throw new AkadzeError(`${where}: args must be a JSON object`);
   const problem = jsonProblem(value, "args");
   if (problem) throw new AkadzeError(`${where}: args cannot be stored: ${problem}`);
+  if (task.args) {
+    // Each fire enqueues these (the schema's output), and each run validates them again.
+    const own = ownOutputProblem(task.args, args, value);
+    if (own instanceof Promise) {
+      own.catch(() => {});
+      throw new AkadzeError(
+        `${where}: the args schema of task "${task.name}" is asynchronous; schedules need one ` +
+          `that validates synchronously at registration`,
+      );
+    }
+    if (own) {
+      throw new AkadzeError(
+        `${where}: the args schema of task "${task.name}" ${own}. ${OWN_OUTPUT_ADVICE}`,
+      );
+    }
+  }
   return value as Record<string, unknown>;
 }
 

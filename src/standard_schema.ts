@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { sameJson } from "./json.ts";
 
 /** A validator that implements Standard Schema v1. */
 export interface StandardSchemaV1<Input = unknown, Output = Input> {
@@ -55,6 +56,43 @@ export function isStandardSchema(value: unknown): value is StandardSchemaV1 {
   return typeof props === "object" && props !== null && props.version === 1 &&
     typeof props.validate === "function";
 }
+
+/**
+ * Why a worker would not get `output` back from `schema`, when `output` is what the schema
+ * made of `input` (the stored arguments): the worker validates the stored arguments again
+ * before each run, so a schema that rejects its own output (a transform such as
+ * `v.transform(Number)`) fails every run, and one that changes it again hands the handler
+ * other arguments than were enqueued. The problem is said as what the schema does ("does
+ * not accept its own output (...)"); null when it gives `output` back unchanged. When
+ * `output` is a new value equal to `input` (no transform), validating it again would only
+ * repeat the first validation, so it is skipped; synchronous then, and whenever the schema is.
+ */
+export function ownOutputProblem(
+  schema: StandardSchemaV1,
+  input: unknown,
+  output: unknown,
+): string | null | Promise<string | null> {
+  // The same object back may have been changed in place, so only a copy is trusted.
+  if (output !== input && sameJson(input, output)) return null;
+  const check = (again: StandardSchemaResult<unknown>): string | null => {
+    if (again.issues) {
+      return `does not accept its own output (${
+        formatIssues(again.issues)
+      }), so every run would fail`;
+    }
+    return sameJson(again.value, output)
+      ? null
+      : "changes its own output again (a transform that is not idempotent), " +
+        "so the handler would get other arguments than were enqueued";
+  };
+  const again = schema["~standard"].validate(output);
+  return again instanceof Promise ? again.then(check) : check(again);
+}
+
+/** What to do about an {@linkcode ownOutputProblem}, for the end of its message. */
+export const OWN_OUTPUT_ADVICE = "The worker validates the stored arguments again before each " +
+  "run: keep conversions out of the schema (do them in the handler), or make it accept what " +
+  "it returns.";
 
 /** Format issues as `field: message; other.field: message`. */
 export function formatIssues(issues: ReadonlyArray<StandardSchemaIssue>): string {

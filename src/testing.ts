@@ -42,7 +42,7 @@ import { AssertionError } from "node:assert";
 import postgres from "postgres";
 import type { Akadze } from "./app.ts";
 import { Worker } from "./worker/worker.ts";
-import { describeError, quoteSchema, urlPassword } from "./db.ts";
+import { describeError, explainMissingSchema, quoteSchema, urlPassword } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "./throwaway_postgres.ts";
 
@@ -169,11 +169,12 @@ export async function assertEnqueued(
   args: Record<string, unknown> = {},
 ): Promise<string> {
   const s = quoteSchema(app.schema);
-  const rows = await app.sql.unsafe(
-    `select id::text as id, args @> $2::text::jsonb as match from ${s}.jobs
-      where task = $1 and state in ('queued', 'running') order by jobs.id`,
-    [taskName, JSON.stringify(args)],
-  );
+  const rows = await explainMissingSchema(app.schema, () =>
+    app.sql.unsafe(
+      `select id::text as id, args @> $2::text::jsonb as match from ${s}.jobs
+        where task = $1 and state in ('queued', 'running') order by jobs.id`,
+      [taskName, JSON.stringify(args)],
+    ));
   const match = rows.find((r) => r.match);
   if (match) return match.id;
   throw new AssertionError({

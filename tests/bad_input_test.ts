@@ -22,7 +22,10 @@ import {
 import type { Sql } from "../src/db.ts";
 import { AkadzeError, DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { migrate } from "../src/migrate.ts";
-import { assertEquals, assertRejects, assertThrows } from "./assert.ts";
+import { renderMetrics } from "../src/metrics.ts";
+import { assertEnqueued } from "../src/testing.ts";
+import { Worker } from "../src/worker/worker.ts";
+import { assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
 import { withApp, withDatabase } from "./_helpers.ts";
 
 const TABLES = [
@@ -498,6 +501,53 @@ Deno.test("hostile schema names are refused by the app, migrate and every admin 
     assertEquals(wrong, []);
     assertEquals(await digest(sql), before, "no schema was created, nothing was written");
   });
+});
+
+Deno.test("every admin function, renderMetrics and a worker say to migrate a database without the schema", async () => {
+  await withDatabase("bad_unmigrated", async (db, sql) => {
+    const wrong: string[] = [];
+    const check = async (what: string, fn: () => unknown) => {
+      try {
+        await fn();
+        wrong.push(`${what}: accepted`);
+      } catch (error) {
+        if (
+          !(error instanceof AkadzeError) ||
+          !/schema "akadze" is not installed in this database.*run akadze migrate/.test(
+            error.message,
+          )
+        ) {
+          wrong.push(`${what}: ${error}`);
+        }
+      }
+    };
+    await check("requeue", () => requeue(sql, "1"));
+    await check("requestCancel", () => requestCancel(sql, "1"));
+    await check("pauseQueue", () => pauseQueue(sql, "q"));
+    await check("resumeQueue", () => resumeQueue(sql, "q"));
+    await check("setLimit", () => setLimit(sql, "k", { maxRunning: 1 }));
+    await check("clearLimit", () => clearLimit(sql, "k"));
+    await check("pruneJobs", () => pruneJobs(sql));
+    await check("pruneJobs dryRun", () => pruneJobs(sql, { dryRun: true }));
+    await check("listJobs", () => listJobs(sql));
+    await check("getJob", () => getJob(sql, "1"));
+    await check("listWorkers", () => listWorkers(sql));
+    await check("listLimits", () => listLimits(sql));
+    await check("listQueues", () => listQueues(sql));
+    await check("queueSnapshot", () => queueSnapshot(sql));
+    await check("renderMetrics", () => renderMetrics(sql));
+    const app = new Akadze({ databaseUrl: db.url });
+    try {
+      app.task("t", () => {});
+      await check("assertEnqueued", () => assertEnqueued(app, "t", {}));
+      const exit = await new Worker(app, { batch: true }).run();
+      assertEquals([exit.code, exit.reason], [1, "fatal"]);
+      assertMatch(exit.message ?? "", /schema "akadze" is not installed.*run akadze migrate/);
+    } finally {
+      await app.close();
+    }
+    assertEquals(wrong, []);
+  }, { migrated: false });
 });
 
 Deno.test("app, task and worker options: bad values are AkadzeErrors at construction", () => {

@@ -20,14 +20,39 @@ Deno.test("akadze --help lists the commands; every level has --help", async () =
 Deno.test("akadze migrate prints applied versions, then schema up to date", async () => {
   await withDatabase("cli_migrate", async (db) => {
     const env = { AKADZE_DATABASE_URL: db.url };
-    const status0 = await runCli(["migrate", "--status"], env);
-    assertEquals(status0.stdout, "pending 0001_init\n");
     const first = await runCli(["migrate"], env);
     assertEquals([first.code, first.stdout, first.stderr], [0, "applied 0001_init\n", ""]);
     const second = await runCli(["migrate"], env);
     assertEquals([second.code, second.stdout], [0, "schema up to date\n"]);
-    const status = await runCli(["migrate", "--status"], env);
-    assertEquals(status.stdout, "applied 0001_init\n");
+  }, { migrated: false });
+});
+
+Deno.test("akadze migrate --status lists versions as a table or --json, never like a migration", async () => {
+  await withDatabase("cli_migrate_status", async (db, sql) => {
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const pending = await runCli(["migrate", "--status"], env);
+    assertEquals([pending.code, pending.stderr], [0, ""]);
+    assertEquals(pending.stdout, "VERSION\tSTATE\tAPPLIED_AT\n0001_init\tpending\t-\n");
+    const pendingJson = await runCli(["migrate", "--status", "--json"], env);
+    assertEquals(JSON.parse(pendingJson.stdout), [
+      { version: "0001_init", state: "pending", appliedAt: null },
+    ]);
+    await runCli(["migrate"], env);
+    const [{ at }] = await sql`select applied_at as at from akadze.schema_migrations`;
+    const applied = await runCli(["migrate", "--status"], env);
+    assertEquals([applied.code, applied.stderr], [0, ""]);
+    assertEquals(
+      applied.stdout,
+      `VERSION\tSTATE\tAPPLIED_AT\n0001_init\tapplied\t${at.toISOString()}\n`,
+    );
+    assert(!/^applied /m.test(applied.stdout), "not the output of a real migration");
+    const json = await runCli(["migrate", "--status", "--json"], env);
+    assertEquals(JSON.parse(json.stdout), [
+      { version: "0001_init", state: "applied", appliedAt: at.toISOString() },
+    ]);
+    const misuse = await runCli(["migrate", "--json"], env);
+    assertEquals(misuse.code, 2);
+    assertMatch(misuse.stderr, /^error: --json goes with --status\n$/);
   }, { migrated: false });
 });
 

@@ -217,6 +217,16 @@ Deno.test("a database without the schema: exit 1 with one line that says to migr
       assertEquals(out.code, 1, out.stderr);
       assertMatch(out.stderr, ONE_LINE_ERROR);
       assertMatch(out.stderr, /akadze migrate/);
+      // The operations commands say the same (a failure, exit 1, not a usage error).
+      for (const args of [["jobs", "list"], ["limits", "set", "k", "--max-running", "1"]]) {
+        const ops = await spawnCli(args, { AKADZE_DATABASE_URL: db.url }).done();
+        assertEquals(ops.code, 1, `${args.join(" ")}: ${ops.stderr}`);
+        assertMatch(ops.stderr, ONE_LINE_ERROR);
+        assertMatch(
+          ops.stderr,
+          /schema "akadze" is not installed in this database.*akadze migrate/,
+        );
+      }
     }, { migrated: false });
   });
 });

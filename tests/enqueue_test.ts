@@ -3,9 +3,11 @@ import { z } from "zod";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { jobsChannel } from "../src/db.ts";
-import { assertEnqueued } from "../src/testing.ts";
+import { assertEnqueued, drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, waitFor, withApp } from "./_helpers.ts";
+import { Akadze } from "../src/app.ts";
+import { migrate } from "../src/migrate.ts";
+import { countJobs, waitFor, withApp, withDatabase } from "./_helpers.ts";
 
 Deno.test("a committed enqueue keeps every column as given", async () => {
   await withApp("enq_columns", async (app, sql) => {
@@ -332,7 +334,7 @@ Deno.test("argument schemas: valibot and zod, errors name the task and field, ou
       {
         args: z.object({
           count: z.number().int().min(1),
-          when: z.date().transform((d) => d.toISOString()),
+          when: z.coerce.date().transform((d) => d.toISOString()),
         }),
       },
       () => {},
@@ -408,5 +410,118 @@ Deno.test("assertEnqueued matches a subset of the arguments and names the task o
     assertEquals(await assertEnqueued(app, "mail.welcome"), id);
     const error = await assertRejects(() => assertEnqueued(app, "mail.welcome", { to: "alan" }));
     assertMatch(error.message, /1 queued or running job\(s\) of task "mail.welcome"/);
+  });
+});
+
+Deno.test("enqueue into a database without akadze's schema says to run akadze migrate", async () => {
+  await withDatabase("enq_unmigrated", async (db, sql) => {
+    const app = new Akadze({ databaseUrl: db.url });
+    const hooked = new Akadze({ databaseUrl: db.url });
+    try {
+      const task = app.task("mail.send", () => {});
+      const says =
+        /^cannot enqueue task "mail\.send": the akadze schema "akadze" is not installed in this database \(or is out of date\): run akadze migrate/;
+      for (
+        const enqueue of [
+          () => task.enqueue({}),
+          () => task.enqueueMany([{}, {}]),
+          () => app.sql.begin((tx) => task.using({ session: tx }).enqueue({})),
+          () => app.sql.begin((tx) => task.using({ session: tx }).enqueueMany([{}, {}])),
+        ]
+      ) {
+        const error = await assertRejects(enqueue, EnqueueError);
+        assertMatch(error.message, says);
+      }
+      // A hook's own error about a table of the application is not akadze's to explain.
+      hooked.hooks.onEnqueue.push(async (tx) => {
+        await tx`select * from app_missing_table`;
+      });
+      const other = hooked.task("other", () => {});
+      await migrate(sql);
+      const error = await assertRejects(() => other.enqueue({}));
+      assert(!(error instanceof EnqueueError), String(error));
+      assertMatch(String(error), /relation "app_missing_table" does not exist/);
+      // A schema other than the one migrated is named.
+      const custom = new Akadze({ databaseUrl: db.url, schema: "custom" });
+      try {
+        const t = custom.task("t", () => {});
+        const missing = await assertRejects(() => t.enqueue({}), EnqueueError);
+        assertMatch(missing.message, /the akadze schema "custom" is not installed/);
+      } finally {
+        await custom.close();
+      }
+    } finally {
+      await app.close();
+      await hooked.close();
+    }
+  }, { migrated: false });
+});
+
+Deno.test("a schema that rejects or changes its own output is refused at enqueue, naming the task", async () => {
+  await withApp("enq_own_output", async (app, sql) => {
+    const parse = app.task(
+      "parse",
+      { args: v.object({ n: v.pipe(v.string(), v.transform(Number)) }) },
+      () => {},
+    );
+    const zodParse = app.task(
+      "zod.parse",
+      { args: z.object({ n: z.string().transform(Number) }) },
+      () => {},
+    );
+    const bump = app.task(
+      "bump",
+      { args: v.object({ n: v.pipe(v.number(), v.transform((n) => n + 1)) }) },
+      () => {},
+    );
+    const rejects =
+      /^cannot enqueue task "parse": its args schema does not accept its own output \(n: [^)]+\), so every run would fail; nothing was enqueued\. The worker validates/;
+    assertMatch(
+      (await assertRejects(() => parse.enqueue({ n: "5" }), EnqueueError)).message,
+      rejects,
+    );
+    const many = await assertRejects(
+      () => parse.enqueueMany([{ n: "1" }, { n: "2" }]),
+      EnqueueError,
+    );
+    assertMatch(many.message, /task "parse" \(element 0\): its args schema does not accept/);
+    await assertRejects(
+      () => app.sql.begin((tx) => parse.using({ session: tx }).enqueue({ n: "5" })),
+      EnqueueError,
+    );
+    const zodError = await assertRejects(() => zodParse.enqueue({ n: "5" }), EnqueueError);
+    assertMatch(
+      zodError.message,
+      /task "zod\.parse": its args schema does not accept its own output/,
+    );
+    const changes = await assertRejects(() => bump.enqueue({ n: 1 }), EnqueueError);
+    assertMatch(changes.message, /task "bump": its args schema changes its own output again/);
+    assertEquals(await countJobs(sql), 0);
+
+    // Schemas whose output they accept unchanged still transform at enqueue: stripped keys,
+    // filled defaults, trimmed strings; the handler gets what was stored.
+    const seen: unknown[] = [];
+    const tidy = app.task(
+      "tidy",
+      {
+        args: v.object({
+          name: v.pipe(v.string(), v.trim()),
+          tags: v.optional(v.array(v.string()), []),
+        }),
+      },
+      (args) => {
+        seen.push(args);
+      },
+    );
+    await tidy.enqueue({ name: "  ada  ", extra: 1 } as never);
+    await tidy.enqueueMany([{ name: "alan" }, { name: " grace", tags: ["x"] }]);
+    const rows = await sql`select args from akadze.jobs j order by j.id`;
+    const stored = [{ name: "ada", tags: [] }, { name: "alan", tags: [] }, {
+      name: "grace",
+      tags: ["x"],
+    }];
+    assertEquals(rows.map((r) => r.args), stored);
+    assertEquals(await drain(app), 3);
+    assertEquals(seen, stored);
   });
 });

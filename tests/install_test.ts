@@ -75,7 +75,7 @@ Deno.test("deno install -g puts a working akadze command on the PATH", async () 
       const again = await run(akadze, ["migrate"], env);
       assertEquals([again.code, again.stdout], [0, "schema up to date\n"], again.stderr);
       const status = await run(akadze, ["migrate", "--status"], env);
-      assertMatch(status.stdout, /^applied 0001_init$/m);
+      assertMatch(status.stdout, /^0001_init\tapplied\t\S+$/m);
     }, { migrated: false });
 
     const uninstall = await run(Deno.execPath(), [

@@ -1,6 +1,12 @@
 import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
 import { AkadzeError, MigrateError } from "../src/errors.ts";
-import { appliedVersions, applyMigrations, knownVersions, migrate } from "../src/migrate.ts";
+import {
+  appliedVersions,
+  applyMigrations,
+  knownVersions,
+  migrate,
+  migrationStatus,
+} from "../src/migrate.ts";
 import type { Sql } from "../src/db.ts";
 import { quoteSchema } from "../src/db.ts";
 import { withDatabase } from "./_helpers.ts";
@@ -148,6 +154,25 @@ Deno.test("appliedVersions on an empty database returns [] and creates nothing",
     assertEquals(await appliedVersions(db.url), []);
     const [{ n }] = await sql`select count(*)::int as n from pg_namespace where nspname = 'akadze'`;
     assertEquals(n, 0);
+  }, { migrated: false });
+});
+
+Deno.test("migrationStatus lists pending, then applied versions with their time, read-only", async () => {
+  await withDatabase("migrate_status", async (db, sql) => {
+    assertEquals(await migrationStatus(db.url), [
+      { version: "0001_init", state: "pending", appliedAt: null },
+    ]);
+    const [{ n }] = await sql`select count(*)::int as n from pg_namespace where nspname = 'akadze'`;
+    assertEquals(n, 0, "nothing created");
+    await migrate(sql);
+    // A version a newer release applied is listed too.
+    await sql`insert into akadze.schema_migrations (version) values ('9999_newer')`;
+    const status = await migrationStatus(sql);
+    assertEquals(status.map((m) => [m.version, m.state]), [
+      ["0001_init", "applied"],
+      ["9999_newer", "applied"],
+    ]);
+    assert(status.every((m) => m.appliedAt instanceof Date));
   }, { migrated: false });
 });
 

@@ -18,6 +18,7 @@ Deno.test("schedules are validated at registration with precise errors; nothing 
   try {
     app.task("typed", { args: v.object({ n: v.number() }) }, () => {});
     app.task("plain", () => {});
+    app.task("parse", { args: v.object({ n: v.pipe(v.string(), v.transform(Number)) }) }, () => {});
     const cases: [() => unknown, RegExp][] = [
       [() => app.addSchedule("missing", { every: 60_000 }), /unknown task "missing"/],
       [() => app.addSchedule("plain", {}), /exactly one of cron and every/],
@@ -30,6 +31,10 @@ Deno.test("schedules are validated at registration with precise errors; nothing 
       [() => app.addSchedule("plain", { cron: "@hourly", timezone: "Mars/Base" }), /time zone/],
       [() => app.addSchedule("plain", { every: 60_000, timezone: "UTC" }), /cron only/],
       [() => app.addSchedule("typed", { every: 60_000, args: { n: "x" } }), /invalid args: n/],
+      [
+        () => app.addSchedule("parse", { every: 60_000, args: { n: "5" } }),
+        /the args schema of task "parse" does not accept its own output \(n: /,
+      ],
       [() => app.addSchedule("plain", { every: 60_000, args: { d: new Date() } }), /Date/],
       [() => app.addSchedule("plain", { every: 60_000, overlap: "no" as never }), /overlap/],
       [() => app.addSchedule("plain", { every: 60_000, bogus: 1 } as never), /unknown option/],

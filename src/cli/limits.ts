@@ -10,6 +10,7 @@ import {
   listLimits,
   setLimit,
 } from "../admin.ts";
+import { isSchemaMissing } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { UsageError } from "./common.ts";
 import {
@@ -166,8 +167,11 @@ async function setCommand(args: string[]): Promise<number> {
     try {
       return await setLimit(sql, key, limits, { schema });
     } catch (error) {
-      // setLimit's own errors are about the values asked for (e.g. a rate without a window).
-      if (error instanceof AkadzeError) throw new UsageError(error.message);
+      // setLimit's own errors are about the values asked for (e.g. a rate without a window),
+      // except the one saying the schema is missing.
+      if (error instanceof AkadzeError && !isSchemaMissing(error, schema)) {
+        throw new UsageError(error.message);
+      }
       throw error;
     }
   });

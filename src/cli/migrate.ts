@@ -1,27 +1,39 @@
 /**
- * `akadze migrate [--status]`.
+ * `akadze migrate [--status [--json]]`.
  *
  * @module
  */
-import { appliedVersions, knownVersions, migrate } from "../migrate.ts";
-import { databaseUrl, parseFlags } from "./common.ts";
+import { migrate, type MigrationStatus, migrationStatus } from "../migrate.ts";
+import { databaseUrl, parseFlags, UsageError } from "./common.ts";
 import { schemaFlag } from "./ops.ts";
+import { type Column, isoTime, printJson, printTable } from "./output.ts";
 
 /** Help text of `akadze migrate`. */
-export const MIGRATE_HELP = `Usage: akadze migrate [--status]
+export const MIGRATE_HELP = `Usage: akadze migrate [--status [--json]]
 
 Create or update akadze's schema in the database of AKADZE_DATABASE_URL.
 Prints "applied <version>" for each version applied, or "schema up to date".
 
 Options:
-  --status        list each known version as applied or pending; change nothing
+  --status        change nothing; list every version, applied or pending, as a header
+                  line and one tab-separated line per version: VERSION STATE APPLIED_AT
+                  (exit 0 either way; akadze health exits 1 while a version is pending)
+  --json          with --status: a JSON array of objects with the keys version, state
+                  ("applied" or "pending") and appliedAt (ISO 8601, or null)
   --schema NAME   schema name (default akadze)
   -h, --help      show this help`;
+
+const COLUMNS: Column<MigrationStatus>[] = [
+  { header: "VERSION", value: (m) => m.version },
+  { header: "STATE", value: (m) => m.state },
+  { header: "APPLIED_AT", value: (m) => m.appliedAt },
+];
 
 /** Run `akadze migrate`; returns the exit code. */
 export async function migrateCommand(args: string[]): Promise<number> {
   const { values } = parseFlags(args, {
     status: { type: "boolean" },
+    json: { type: "boolean" },
     schema: { type: "string" },
     help: { type: "boolean", short: "h" },
   });
@@ -29,12 +41,15 @@ export async function migrateCommand(args: string[]): Promise<number> {
     console.log(MIGRATE_HELP);
     return 0;
   }
+  if (values.json && !values.status) throw new UsageError("--json goes with --status");
   const schema = schemaFlag(values.schema);
   const url = databaseUrl();
   if (values.status) {
-    const applied = new Set(await appliedVersions(url, { schema }));
-    for (const version of knownVersions()) {
-      console.log(`${applied.has(version) ? "applied" : "pending"} ${version}`);
+    const status = await migrationStatus(url, { schema });
+    if (values.json) {
+      printJson(status.map((m) => ({ ...m, appliedAt: isoTime(m.appliedAt) })));
+    } else {
+      printTable(COLUMNS, status);
     }
     return 0;
   }

@@ -64,22 +64,14 @@ export function schemaFlag(value: string | undefined): string {
 
 /**
  * Open a one-connection pool on `AKADZE_DATABASE_URL`, run `fn`, close the pool. A missing
- * URL is a usage error (before anything else); a schema that is not there says to migrate.
+ * URL is a usage error (before anything else); a schema that is not there is explained by
+ * the admin functions themselves (they say to migrate).
  */
 export async function withSql<T>(fn: (sql: Sql) => Promise<T>): Promise<T> {
   const url = databaseUrl();
   const sql = connect(url, { max: 1, applicationName: "akadze-cli", idleTimeout: 5 });
   try {
     return await fn(sql);
-  } catch (error) {
-    const code = (error as { code?: unknown }).code;
-    if (code === "42P01" || code === "3F000") {
-      throw new Error(
-        `${(error as Error).message} (${code}): is the schema migrated? run akadze migrate`,
-        { cause: error },
-      );
-    }
-    throw error;
   } finally {
     try {
       await sql.end({ timeout: 1 });

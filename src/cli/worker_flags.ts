@@ -75,7 +75,8 @@ export function workerFlagsHelp(): string {
                             (default: ${d.queues.join(",")})
   --slots N                 concurrent jobs per queue, or in total with --fair (default ${d.slots})
   --fair                    one pool of --slots shared by all queues, claimed round-robin
-  --batch                   exit 0 once nothing is claimable and nothing is running
+  --batch                   exit 0 once nothing is claimable and nothing is running;
+                            exit 1 if the database stays unreachable for --heartbeat-ttl
   --max-jobs N              exit 0 after N claims (and their runs)
   --shutdown-timeout S      how long a graceful stop waits for running jobs (default ${
     s(d.shutdownTimeout)

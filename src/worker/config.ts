@@ -29,7 +29,11 @@ export interface WorkerOptions {
   pruneInterval?: number;
   /** How long a graceful stop waits for running jobs. Default 10000. */
   shutdownTimeout?: number;
-  /** Stop after a pass that finds nothing to claim and nothing running. Default false. */
+  /**
+   * Stop after a pass that finds nothing to claim and nothing running. Default false. A
+   * batch run that reaches no database for `heartbeatTtl` stops with code 1
+   * (`heartbeat_lost`) instead of waiting for it.
+   */
   batch?: boolean;
   /** Stop after this many claims. */
   maxJobs?: number;

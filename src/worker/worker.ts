@@ -7,7 +7,7 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError } from "../db.ts";
+import { describeError, isSchemaMissing, isTransientError, schemaMissingMessage } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
@@ -120,6 +120,8 @@ export class Worker {
   #beatOk = false;
   #draining = false;
   #nextBeat = 0;
+  /** `performance.now()` when run() began: a batch run counts its lease clock from there. */
+  #startedAt = 0;
 
   /**
    * Make a worker for an app; options are validated now (`AkadzeError`).
@@ -222,6 +224,7 @@ export class Worker {
   async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
     if (this.#running) throw new AkadzeError("this worker is already running");
     this.#running = true;
+    this.#startedAt = performance.now();
     const onAbort = () => this.stop();
     options.signal?.addEventListener("abort", onAbort);
     if (options.signal?.aborted) this.stop();
@@ -404,6 +407,17 @@ export class Worker {
           code: 1,
           reason: "heartbeat_lost",
           message: `no heartbeat succeeded for ${Math.round((now - last) / 1000)} s`,
+        };
+      }
+      // A long-running worker waits for a database that is down (SPEC §5.10); a batch run
+      // (cron, CI) must end, so it gives up after heartbeatTtl without a first beat.
+      if (last === null && this.config.batch && now - this.#startedAt >= heartbeatTtl) {
+        return {
+          code: 1,
+          reason: "heartbeat_lost",
+          message: `could not reach the database for ${
+            Math.round((now - this.#startedAt) / 1000)
+          } s (a batch run gives up after heartbeatTtl): ${describeError(error)}`,
         };
       }
       return null;
@@ -722,10 +736,10 @@ export class Worker {
   }
 
   #fatal(error: unknown): WorkerExit {
-    let message = describeError(error);
-    if ((error as { code?: unknown }).code === "42P01") {
-      message += ` (is the schema "${this.#app.schema}" migrated? run: akadze migrate)`;
-    }
+    const { schema } = this.#app;
+    const message = isSchemaMissing(error, schema)
+      ? schemaMissingMessage(schema, error)
+      : describeError(error);
     return { code: 1, reason: "fatal", message };
   }
 
