@@ -7,6 +7,8 @@ import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { passthroughEnv, waitFor, withDatabase } from "./_helpers.ts";
 import { ROOT, SLOW } from "./_processes.ts";
+import { planCompile } from "../src/cli/compile.ts";
+import { parseAppTarget } from "../src/cli/load_app.ts";
 
 /** The install line of the README. */
 const INSTALL_PERMISSIONS = [
@@ -205,7 +207,11 @@ Deno.test("akadze dev prints the URL on its own line; enqueueing against it runs
         assertEquals(await Deno.readTextFile(marker), "grace 1m");
       } finally {
         // One SIGINT, forwarded to the command under the app's config: a graceful stop.
-        child.kill("SIGINT");
+        try {
+          child.kill("SIGINT");
+        } catch {
+          // It exited already; its stderr says why.
+        }
         const status = await child.status;
         await reading;
         await stdout;
@@ -352,5 +358,27 @@ Deno.test("akadze compile writes an entry module that runs the app's worker", as
         await Deno.remove(entry.replace(/\/[^/]+$/, ""), { recursive: true });
       }
     });
+  });
+});
+
+Deno.test("akadze compile: a permission after -- replaces the worker's default one", async () => {
+  await withProject({}, async (dir) => {
+    const plan = await planCompile(parseAppTarget("./app.ts", dir), `${dir}/w`, "/tmp/x", [
+      "--allow-net=db.internal:5432",
+      "--allow-env=AKADZE_*,PG*",
+    ]);
+    assertEquals(plan.args, [
+      "compile",
+      "--config",
+      `${dir}/deno.json`,
+      "--allow-sys=hostname",
+      "--allow-read",
+      "--no-prompt",
+      "--allow-net=db.internal:5432",
+      "--allow-env=AKADZE_*,PG*",
+      "--output",
+      `${dir}/w`,
+      "/tmp/x/akadze_worker_entry.ts",
+    ]);
   });
 });

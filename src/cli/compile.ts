@@ -38,7 +38,8 @@ config; when it maps @akadze/akadze, the binary uses that copy of akadze.
 
 The binary gets the worker's permissions (${COMPILED_WORKER_PERMISSIONS.join(" ")}).
 Flags after -- go to deno compile as they are: --target, --allow-write=DIR for
---heartbeat-file, or what the app's tasks need (--allow-run=…, --allow-ffi, …).
+--heartbeat-file, or what the app's tasks need (--allow-run=…, --allow-ffi, …); one of
+the worker's permissions given there replaces it (--allow-net=db.internal:5432).
 
 Options:
   -o, --output PATH    the binary to write (default: ./worker)
@@ -80,7 +81,8 @@ export function entrySource(target: AppTarget, workerModule: string): string {
 
 /**
  * Plan the build of `output` for `target`: where the entry goes (`dir`), its source and the
- * `deno compile` arguments (`extra` after the worker's permissions).
+ * `deno compile` arguments (`extra` after the worker's permissions; a permission flag in
+ * `extra` replaces the default one of the same name).
  */
 export async function planCompile(
   target: AppTarget,
@@ -107,7 +109,8 @@ export async function planCompile(
     args: [
       "compile",
       ...configFlags,
-      ...COMPILED_WORKER_PERMISSIONS,
+      // A permission given after -- (e.g. --allow-net=db.internal:5432) replaces the default.
+      ...COMPILED_WORKER_PERMISSIONS.filter((flag) => !extra.some((e) => sameFlag(e, flag))),
       "--no-prompt",
       ...extra,
       "--output",
@@ -166,6 +169,10 @@ export async function compileCommand(args: string[]): Promise<number> {
   } finally {
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
+}
+
+function sameFlag(a: string, b: string): boolean {
+  return a.split("=")[0] === b.split("=")[0];
 }
 
 function shellQuote(arg: string): string {

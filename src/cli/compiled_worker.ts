@@ -47,9 +47,10 @@ export async function runCompiledWorker(
     const line = parseWorkerCommandLine([app.module, ...args], "worker");
     if (line.help) {
       console.log(
-        `Usage: ${binaryName()} [options]\n\nRun jobs of the Akadze app of ${app.module}, ` +
-          `built into this binary by akadze compile. The app opens its own connection ` +
-          `(typically from AKADZE_DATABASE_URL); its schema must be migrated.\n\n` +
+        `Usage: ${binaryName()} [options]\n\n` +
+          `Run jobs of the Akadze app of ${app.module}, built into this binary by\n` +
+          "akadze compile. The app opens its own connection (typically from\n" +
+          "AKADZE_DATABASE_URL); its schema must be migrated (akadze migrate).\n\n" +
           workerFlagsHelp(),
       );
       return 0;
