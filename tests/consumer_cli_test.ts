@@ -6,7 +6,7 @@
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { passthroughEnv, waitFor, withDatabase } from "./_helpers.ts";
-import { ROOT, SLOW } from "./_processes.ts";
+import { MOD, ROOT, SLOW } from "./_processes.ts";
 import { planCompile } from "../src/cli/compile.ts";
 import { parseAppTarget } from "../src/cli/load_app.ts";
 
@@ -163,6 +163,26 @@ Deno.test("the installed akadze runs an app with its own deno.json imports", asy
         const schedules = await run(akadze, ["schedules", "list", "./app.ts"], dir, env);
         assertEquals(schedules.code, 0, schedules.stderr);
         assertMatch(schedules.stdout, /^hourly\b/m);
+
+        // The child's exit code and its one-line error are the command's.
+        const bad = await run(akadze, ["worker", "./app.ts:nope"], dir, env);
+        assertEquals(bad.code, 2, bad.stderr);
+        assertMatch(bad.stderr, /^error: \.\/app\.ts has no export "nope"/);
+
+        // An app without a deno.json of its own is imported as before.
+        const plain = await Deno.makeTempDir({ prefix: "akadze-consumer-plain-" });
+        try {
+          await Deno.writeTextFile(
+            `${plain}/app.ts`,
+            `import { Akadze } from ${JSON.stringify(MOD)};\n` +
+              `export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });\n` +
+              `app.task("greet", () => "plain");\n`,
+          );
+          const worker = await run(akadze, ["worker", `${plain}/app.ts`, "--batch"], plain, env);
+          assertEquals(worker.code, 0, worker.stderr);
+        } finally {
+          await Deno.remove(plain, { recursive: true });
+        }
       });
 
       const dev = await run(akadze, ["dev", "./app.ts", "--batch", "--poll-interval", "0.1"], dir, {
