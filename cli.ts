@@ -27,6 +27,7 @@
  */
 import denoJson from "./deno.json" with { type: "json" };
 import { reportError, UsageError } from "./src/cli/common.ts";
+import { compileCommand } from "./src/cli/compile.ts";
 import { devCommand } from "./src/cli/dev.ts";
 import { healthCommand } from "./src/cli/health.ts";
 import { jobsCommand } from "./src/cli/jobs.ts";
@@ -50,6 +51,7 @@ Commands:
   migrate [--status]   create or update the schema
   worker APP           run jobs of the app exported by the module APP[:export]
   dev APP              the same on a throwaway PostgreSQL (no database needed)
+  compile APP          build a worker binary for the app (deno compile, -o PATH)
   health               exit 0/1: heartbeat files fresh (--heartbeat-file, no database)
                        or queue lag and ready counts under thresholds
   jobs list|show|requeue|cancel
@@ -104,6 +106,8 @@ export async function main(args: string[]): Promise<number> {
         return await workerCommand(rest);
       case "dev":
         return await devCommand(rest);
+      case "compile":
+        return await compileCommand(rest);
       case "health":
         return await healthCommand(rest);
       case "jobs":

