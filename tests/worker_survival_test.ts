@@ -220,3 +220,34 @@ Deno.test("jobs holding every pool connection longer than the heartbeat TTL: the
     }
   });
 });
+
+Deno.test("a stop while jobs hold every pool connection past the shutdown timeout puts them back at once, no attempt spent", async () => {
+  await withDatabase("survive_pool_held_stop", async (db, sql) => {
+    const slots = 2;
+    const app = new Akadze({ databaseUrl: db.url, max: slots });
+    let started = 0;
+    // Ignores its signal, as a task stuck in a long query does.
+    app.task("hold", async () => {
+      started++;
+      await app.sql`select pg_sleep(20)`.catch(() => {});
+      return "held";
+    });
+    const w = startWorker(app, { ...FAST, slots, shutdownTimeout: 200 });
+    try {
+      const ids: string[] = [];
+      for (let i = 0; i < slots; i++) ids.push(await insertJob(sql, "hold", {}));
+      await waitFor(() => started === slots, "every job to start");
+      const exit = await w.stop();
+      assertEquals([exit.code, exit.reason], [0, "stopped"]);
+      // Written before run() returned: not left running for the lease to rescue.
+      const rows = await jobs(sql, ids);
+      assertEquals(rows.map((r) => [r.state, r.attempt, r.run_count]), [
+        ["queued", 0, 1],
+        ["queued", 0, 1],
+      ]);
+    } finally {
+      await w.stop();
+      await app.close();
+    }
+  });
+});

@@ -93,6 +93,9 @@ export class Worker {
   #pruner: Pruner;
   #claimer: Claimer;
   #completer: Completer;
+  /** Writes outcomes on the loop's connection once the loop is done (see #abandonRuns). */
+  #finalCompleter: Completer;
+  #writeOnLoop = false;
   #executor: Executor;
   #listener: Listener;
   /** The loop's own connection (heartbeat, rescue, claim, cancel, schedules). */
@@ -162,6 +165,9 @@ export class Worker {
     this.#completer = new Completer(app.sql, app.schema, hooks, {
       deleteSucceeded: app.retention === 0,
     });
+    this.#finalCompleter = new Completer(loopSql, app.schema, hooks, {
+      deleteSucceeded: app.retention === 0,
+    });
     const password = (app.sql.options as { pass?: unknown }).pass;
     this.#executor = new Executor(
       app,
@@ -229,6 +235,7 @@ export class Worker {
   async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
     if (this.#running) throw new AkadzeError("this worker is already running");
     this.#running = true;
+    this.#writeOnLoop = false;
     const onAbort = () => this.stop();
     options.signal?.addEventListener("abort", onAbort);
     if (options.signal?.aborted) this.stop();
@@ -577,9 +584,10 @@ export class Worker {
 
   async #writeBatch(batch: PendingOutcome[]): Promise<void> {
     const outcomes = batch.map((p) => p.outcome);
+    const completer = this.#writeOnLoop ? this.#finalCompleter : this.#completer;
     let result: CompleteResult;
     try {
-      result = await retryTransient(() => this.#completer.write(outcomes), {
+      result = await retryTransient(() => completer.write(outcomes), {
         signal: this.#abandon.signal,
         onRetry: (error, delay) =>
           this.#log.warn("outcome write failed, retrying in {delay} ms: {message}", {
@@ -733,6 +741,10 @@ export class Worker {
    * waiting at most RELEASE_TIMEOUT; what cannot be written is left to the lease.
    */
   async #abandonRuns(): Promise<void> {
+    // The loop has returned and no beat follows, so its connection is free for these last
+    // writes; the pool may be held by the very runs that are put back. Not when the loop
+    // was left stuck in a statement on it (the watchdog).
+    this.#writeOnLoop = !this.#loopLeft;
     // An interrupt settles its run at once: every outcome is then waiting for its write.
     for (const run of [...this.#inflight.values()]) run.execution?.interrupt("shutdown");
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
