@@ -4,6 +4,7 @@
 import { configure, type LogRecord as LogTapeRecord, reset } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";
+import { describeStray } from "../src/worker/process_guard.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { startWorker, waitFor, withDatabase } from "./_helpers.ts";
 import { MOD, SLOW, spawnCli } from "./_processes.ts";
@@ -58,6 +59,28 @@ async function withLogs(fn: (records: LogTapeRecord[]) => Promise<void>): Promis
     await reset();
   }
 }
+
+Deno.test("a stray error is described by its class and code only, never by text that could be a value", () => {
+  const named = Object.assign(new Error(CARD), { name: CARD, code: CARD });
+  assertEquals(describeStray("unhandled_rejection", named), {
+    kind: "unhandled_rejection",
+    error: "Error",
+  });
+  const reset = Object.assign(new TypeError(`read ${CARD}`), { code: "ECONNRESET" });
+  assertEquals(describeStray("uncaught_error", reset), {
+    kind: "uncaught_error",
+    error: "TypeError",
+    code: "ECONNRESET",
+  });
+  // A server error's message can quote the value; its SQLSTATE cannot.
+  const server = Object.assign(new Error(`invalid input syntax for type integer: "${CARD}"`), {
+    name: "PostgresError",
+    code: "22P02",
+  });
+  assertEquals(describeStray("unhandled_rejection", server).code, "22P02");
+  assertEquals(describeStray("unhandled_rejection", CARD).error, "string");
+  assertEquals(describeStray("unhandled_rejection", null).error, "null");
+});
 
 Deno.test("a task's unhandled rejection and its timer's uncaught error do not end the run: logged by class only, the job keeps its handler's outcome, other jobs run", async () => {
   await withLogs(async (records) => {
