@@ -12,6 +12,7 @@ import { logger } from "./log.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
 import { installDriverGuard } from "./worker/driver_guard.ts";
+import { closeLoopConnections } from "./worker/loop_connection.ts";
 import {
   type AnyTask,
   type ArgsInput,
@@ -325,7 +326,8 @@ export class Akadze {
   }
 
   /**
-   * Close the pool if the app owns it (an adopted `sql` is left open).
+   * Close the pool if the app owns it (an adopted `sql` is left open), and the connections
+   * of its workers' loops that are still open.
    *
    * @example
    * ```ts ignore
@@ -337,6 +339,7 @@ export class Akadze {
    * ```
    */
   async close(): Promise<void> {
+    await closeLoopConnections(this.sql);
     if (!this.#owned) return;
     // Connections an outage killed or froze (a worker that lost its lease, say) can still
     // raise the driver's uncaught errors while they end: log those, do not end the process.

@@ -49,6 +49,11 @@ export function current(): JobContext {
   return ctx;
 }
 
+/** The context of the job running in this async call chain, or undefined outside a run. */
+export function activeContext(): JobContext | undefined {
+  return storage.getStore();
+}
+
 /** Run `fn` with `ctx` as {@linkcode current}'s answer (the worker's executor uses it). */
 export function runWithContext<T>(ctx: JobContext, fn: () => T): T {
   return storage.run(ctx, fn);

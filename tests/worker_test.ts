@@ -7,6 +7,7 @@ import { requestCancel } from "../src/admin.ts";
 import { drain } from "../src/testing.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { Heartbeat } from "../src/worker/heartbeat.ts";
+import { LoopConnection } from "../src/worker/loop_connection.ts";
 import { Pruner } from "../src/worker/pruner.ts";
 import { Rescuer } from "../src/worker/rescuer.ts";
 import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
@@ -20,6 +21,7 @@ import {
   waitForLockWait,
   withApp,
   withDatabase,
+  workClaimer,
 } from "./_helpers.ts";
 
 Deno.test("worker options are validated with precise messages", async () => {
@@ -773,9 +775,23 @@ Deno.test("the worker and the enqueue prepare their statements when the pool doe
       } finally {
         await w.stop();
       }
-      const statements = (await app.sql.unsafe(
-        "select statement from pg_prepared_statements",
-      )).map((r) => String(r.statement));
+      const prepared = async (sql: typeof app.sql) =>
+        (await sql.unsafe("select statement from pg_prepared_statements")).map((r) =>
+          String(r.statement)
+        );
+      const statements = await prepared(app.sql);
+      // The claim runs on the worker loop's own connection, made with the pool's settings.
+      const loop = new LoopConnection(app.sql);
+      try {
+        await work.enqueue({});
+        const claimed = await workClaimer(loop.sql).claim([{ queue: "default", slots: 1 }], 1, 0);
+        assertEquals(claimed.claimed.length, 1);
+        statements.push(...await prepared(loop.sql));
+        // Not left running for the next round's worker to rescue and run.
+        await loop.sql`delete from akadze.jobs where id = ${claimed.claimed[0].id}`;
+      } finally {
+        await loop.close();
+      }
       await app.close();
       const ours = ["claim_one(", "complete_jobs(", 'insert into "akadze".jobs'];
       for (const text of ours) {

@@ -9,7 +9,7 @@ import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { pendingVersions } from "../migrate.ts";
 import { WORKER_DEFAULTS } from "../worker/config.ts";
-import { installDriverGuard } from "../worker/driver_guard.ts";
+import { installProcessGuard } from "../worker/process_guard.ts";
 import { Worker } from "../worker/worker.ts";
 import { runUnderAppConfig } from "./app_config.ts";
 import { UsageError } from "./common.ts";
@@ -184,10 +184,12 @@ async function assertMigrated(app: Akadze, secrets: string[]): Promise<void> {
 /**
  * End the app's pool on the way out. The process is about to exit: a pool that does not end
  * cleanly changes nothing, and neither does a stray socket error of a connection killed
- * earlier, which may land even after the pool has ended (so the guard stays installed).
+ * earlier, which may land even after the pool has ended, nor a task left running past the
+ * shutdown that rejects where nothing handles it (so the guard stays installed, and prints
+ * neither's text).
  */
 async function closeApp(app: Akadze): Promise<void> {
-  installDriverGuard(() => {});
+  installProcessGuard({ onDriverError: () => {}, onStray: () => {} });
   await app.close().catch(() => {});
 }
 

@@ -39,7 +39,7 @@ export class Heartbeat {
   /** `performance.now()` of the last successful beat, or null before the first. */
   lastSuccess: number | null = null;
 
-  /** Make a heartbeat on a pool. */
+  /** Make a heartbeat on a connection (the worker gives it its loop's own). */
   constructor(sql: Sql, schema: string, identity: WorkerIdentity) {
     this.#sql = sql;
     this.#identity = identity;
@@ -81,6 +81,7 @@ export class Heartbeat {
         timer = setTimeout(
           () =>
             reject(Object.assign(new Error(`heartbeat took over ${timeoutMs} ms`), {
+              name: "HeartbeatTimeout",
               code: "ETIMEDOUT",
             })),
           timeoutMs,

@@ -7,7 +7,7 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError, quoteSchema } from "../db.ts";
+import { describeError, isTransientError, quoteSchema, type Sql } from "../db.ts";
 import { logger } from "../log.ts";
 import type { Schedule } from "../schedule.ts";
 
@@ -39,6 +39,7 @@ const LOCK_NOT_AVAILABLE = "55P03";
 /** Dispatches due schedule fires for one worker. */
 export class Scheduler {
   #app: Akadze;
+  #sql: Sql;
   #log = logger("schedule");
   #statements: { claim: string; busy: string; link: string; now: string };
   /** The last fire handled (or given up on) per schedule, in ms. */
@@ -48,9 +49,10 @@ export class Scheduler {
   #offset = 0;
   #nextSync = 0;
 
-  /** Make a scheduler for an app's schedules. */
-  constructor(app: Akadze) {
+  /** Make a scheduler for an app's schedules, on `sql` (default the app's pool). */
+  constructor(app: Akadze, sql: Sql = app.sql) {
     this.#app = app;
+    this.#sql = sql;
     const s = quoteSchema(app.schema);
     this.#statements = {
       claim: `insert into ${s}.periodic_runs (name, fire_at) values ($1, $2)
@@ -109,7 +111,7 @@ export class Scheduler {
 
   async #dispatch(schedule: Schedule, fire: Date): Promise<"fired" | "skipped" | "taken"> {
     const { claim, busy, link } = this.#statements;
-    const outcome = await this.#app.sql.begin(async (tx) => {
+    const outcome = await this.#sql.begin(async (tx) => {
       await tx.unsafe(`set local lock_timeout = '${LOCK_TIMEOUT}'`);
       const [claimed] = await tx.unsafe(claim, [schedule.name, fire]);
       if (!claimed) return { kind: "taken" as const };
@@ -138,7 +140,7 @@ export class Scheduler {
 
   async #syncClock(): Promise<void> {
     const before = Date.now();
-    const [{ now }] = await this.#app.sql.unsafe(this.#statements.now);
+    const [{ now }] = await this.#sql.unsafe(this.#statements.now);
     const after = Date.now();
     this.#offset = now - (before + after) / 2;
     this.#nextSync = after + CLOCK_SYNC_EVERY;

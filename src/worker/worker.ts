@@ -13,12 +13,13 @@ import { logger } from "../log.ts";
 import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
 import { Completer, type CompleteResult, type Outcome, retryTransient } from "./completer.ts";
 import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./config.ts";
-import { installDriverGuard } from "./driver_guard.ts";
 import { type Execution, Executor } from "./executor.ts";
 import { Heartbeat } from "./heartbeat.ts";
 import type { JobRow } from "./job_row.ts";
 import type { WrittenRow } from "./completer.ts";
 import { Listener } from "./listener.ts";
+import { LoopConnection } from "./loop_connection.ts";
+import { installProcessGuard, type Stray } from "./process_guard.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
@@ -92,8 +93,13 @@ export class Worker {
   #pruner: Pruner;
   #claimer: Claimer;
   #completer: Completer;
+  /** Writes outcomes on the loop's connection once the loop is done (see #abandonRuns). */
+  #finalCompleter: Completer;
+  #writeOnLoop = false;
   #executor: Executor;
   #listener: Listener;
+  /** The loop's own connection (heartbeat, rescue, claim, cancel, schedules). */
+  #connection: LoopConnection;
   #services: LoopService[] = [];
   #inflight = new Map<string, Running>();
   /** Running jobs per queue (kept beside #inflight: counting it per finish is O(slots)). */
@@ -135,20 +141,24 @@ export class Worker {
     const host = hostname();
     this.id = this.config.id ?? `${host}:${Deno.pid}:${crypto.randomUUID().slice(0, 8)}`;
     const hooks = app.hooks.onTransition;
-    this.#heartbeat = new Heartbeat(app.sql, app.schema, {
+    // Not from the pool: tasks holding every pooled connection must not hold up the loop
+    // and its heartbeat (the lease). The pruner runs beside the loop, so it stays on the pool.
+    this.#connection = new LoopConnection(app.sql);
+    const loopSql = this.#connection.sql;
+    this.#heartbeat = new Heartbeat(loopSql, app.schema, {
       id: this.id,
       hostname: host,
       pid: Deno.pid,
       queues: this.config.queues,
       heartbeatTtl: this.config.heartbeatTtl,
     });
-    this.#rescuer = new Rescuer(app.sql, app.schema, hooks);
+    this.#rescuer = new Rescuer(loopSql, app.schema, hooks);
     this.#pruner = new Pruner(app.sql, {
       schema: app.schema,
       retention: app.retention,
       grace: app.grace,
     });
-    this.#claimer = new Claimer(app.sql, {
+    this.#claimer = new Claimer(loopSql, {
       schema: app.schema,
       workerId: this.id,
       tasks: [...app.tasks.keys()],
@@ -157,13 +167,16 @@ export class Worker {
     this.#completer = new Completer(app.sql, app.schema, hooks, {
       deleteSucceeded: app.retention === 0,
     });
+    this.#finalCompleter = new Completer(loopSql, app.schema, hooks, {
+      deleteSucceeded: app.retention === 0,
+    });
     const password = (app.sql.options as { pass?: unknown }).pass;
     this.#executor = new Executor(
       app,
       this.#completer,
       typeof password === "string" && password ? [password] : [],
     );
-    if (this.config.schedules) this.#services.push(new Scheduler(app));
+    if (this.config.schedules) this.#services.push(new Scheduler(app, loopSql));
     this.#listener = new Listener(app.sql, app.schema, this.config.queues, {
       onJobs: () => this.#wakeUp(),
       onCancel: (id) => this.#cancel(id),
@@ -225,15 +238,18 @@ export class Worker {
     if (this.#running) throw new AkadzeError("this worker is already running");
     this.#running = true;
     this.#startedAt = performance.now();
+    this.#writeOnLoop = false;
     const onAbort = () => this.stop();
     options.signal?.addEventListener("abort", onAbort);
     if (options.signal?.aborted) this.stop();
-    const removeGuard = installDriverGuard((error) =>
-      this.#log.warn("database driver error ignored: {message}", {
-        event: "db_error_transient",
-        message: describeError(error),
-      })
-    );
+    const removeGuard = installProcessGuard({
+      onDriverError: (error) =>
+        this.#log.warn("database driver error ignored: {message}", {
+          event: "db_error_transient",
+          message: describeError(error),
+        }),
+      onStray: (stray) => this.#logStray(stray),
+    });
     this.#log.info("worker {workerId} started on {queues}", {
       event: "worker_started",
       workerId: this.id,
@@ -258,8 +274,9 @@ export class Worker {
     // A prune stuck on an unanswering database is waited for at most RELEASE_TIMEOUT from
     // the loop's end, alongside the release of the runs, then left to the pool's end.
     let pruned: Promise<void> | undefined;
+    const loop = this.#loop();
     try {
-      exit = await Promise.race([this.#loop(), stalled]);
+      exit = await Promise.race([loop, stalled]);
       clearInterval(watchdog);
       pruned = settleWithin(this.#pruning, RELEASE_TIMEOUT);
       if (exit.code === 0) {
@@ -278,6 +295,10 @@ export class Worker {
       this.#running = false;
     }
     if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
+    // A loop left stuck in a statement (the watchdog) keeps its connection until that
+    // statement returns: cutting it could leave a claim committed that no one puts back.
+    if (this.#loopLeft) void loop.catch(() => {}).finally(() => this.#connection.close());
+    else await this.#connection.close();
     const level = exit.code === 0 ? "info" : "error";
     this.#log[level](`worker {workerId} stopped: {reason}${exit.message ? ": {message}" : ""}`, {
       event: "worker_stopped",
@@ -394,6 +415,8 @@ export class Worker {
       return null;
     } catch (error) {
       if (!isTransientError(error)) return this.#fatal(error);
+      // The connection may hang (a partition, a dead peer): the next beat takes a new one.
+      if ((error as { name?: unknown }).name === "HeartbeatTimeout") this.#connection.reset();
       this.#beatOk = false;
       this.#nextBeat = now + Math.min(heartbeatInterval, 1_000);
       this.#log.warn("heartbeat failed: {message}", {
@@ -575,9 +598,10 @@ export class Worker {
 
   async #writeBatch(batch: PendingOutcome[]): Promise<void> {
     const outcomes = batch.map((p) => p.outcome);
+    const completer = this.#writeOnLoop ? this.#finalCompleter : this.#completer;
     let result: CompleteResult;
     try {
-      result = await retryTransient(() => this.#completer.write(outcomes), {
+      result = await retryTransient(() => completer.write(outcomes), {
         signal: this.#abandon.signal,
         onRetry: (error, delay) =>
           this.#log.warn("outcome write failed, retrying in {delay} ms: {message}", {
@@ -680,6 +704,23 @@ export class Worker {
     }
   }
 
+  /** A task's error that reached the process level: its class and job, never its text. */
+  #logStray(stray: Stray): void {
+    const where = stray.job ? "job {jobId} (task {task}): " : "";
+    const what = stray.kind === "unhandled_rejection"
+      ? "a promise was rejected and nothing handled it ({error}); the worker goes on. " +
+        "Await or catch every promise a task starts"
+      : "an error was thrown where nothing could catch it ({error}), e.g. in a timer " +
+        "callback; the worker goes on. Catch errors inside the callbacks a task schedules";
+    this.#log.error(where + what, {
+      event: stray.kind,
+      workerId: this.id,
+      error: stray.error,
+      ...(stray.code ? { code: stray.code } : {}),
+      ...(stray.job ? { jobId: stray.job.id, task: stray.job.task } : {}),
+    });
+  }
+
   #logRescue(result: { rescued: JobRow[]; removedWorkers: number }): void {
     for (const row of result.rescued) {
       this.#log.warn("job {jobId} rescued from a lost worker", {
@@ -714,6 +755,10 @@ export class Worker {
    * waiting at most RELEASE_TIMEOUT; what cannot be written is left to the lease.
    */
   async #abandonRuns(): Promise<void> {
+    // The loop has returned and no beat follows, so its connection is free for these last
+    // writes; the pool may be held by the very runs that are put back. Not when the loop
+    // was left stuck in a statement on it (the watchdog).
+    this.#writeOnLoop = !this.#loopLeft;
     // An interrupt settles its run at once: every outcome is then waiting for its write.
     for (const run of [...this.#inflight.values()]) run.execution?.interrupt("shutdown");
     const timer = setTimeout(() => this.#abandon.abort(), RELEASE_TIMEOUT);
