@@ -21,13 +21,17 @@ Deno.test("akadze migrate prints applied versions, then schema up to date", asyn
   await withDatabase("cli_migrate", async (db) => {
     const env = { AKADZE_DATABASE_URL: db.url };
     const status0 = await runCli(["migrate", "--status"], env);
-    assertEquals(status0.stdout, "pending 0001_init\n");
+    assertEquals(status0.stdout, "pending 0001_init\npending 0002_limit_key_order\n");
     const first = await runCli(["migrate"], env);
-    assertEquals([first.code, first.stdout, first.stderr], [0, "applied 0001_init\n", ""]);
+    assertEquals([first.code, first.stdout, first.stderr], [
+      0,
+      "applied 0001_init\napplied 0002_limit_key_order\n",
+      "",
+    ]);
     const second = await runCli(["migrate"], env);
     assertEquals([second.code, second.stdout], [0, "schema up to date\n"]);
     const status = await runCli(["migrate", "--status"], env);
-    assertEquals(status.stdout, "applied 0001_init\n");
+    assertEquals(status.stdout, "applied 0001_init\napplied 0002_limit_key_order\n");
   }, { migrated: false });
 });
 

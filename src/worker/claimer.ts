@@ -451,23 +451,21 @@ function limitKeysStatement(s: string): string {
         join ${s}.limits w on w.key = m.key
        where m.started_at > now() - w."window"
        group by m.key
-    ),
-    best as (
-      select distinct on (c.limit_key) c.limit_key as key, c.priority, c.run_at, c.id
-        from ${s}.jobs c
-       where c.limit_key is not null
-         and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
-                                  where not exists (select 1 from ${s}.queue_pauses p
-                                                     where p.queue = u.name)))
-         and ${ready("c.queue")}
-         and c.task = any($2::text[])
-         and c.id <> all($4::bigint[])
-       order by c.limit_key, c.priority desc, c.run_at, c.id
     )
     select l.key from ${s}.limits l
-      join best on best.key = l.key
       left join running on running.key = l.key
       left join starts on starts.key = l.key
+     cross join lateral (
+       select c.priority, c.run_at, c.id from ${s}.jobs c
+        where c.limit_key = l.key
+          and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
+                                   where not exists (select 1 from ${s}.queue_pauses p
+                                                      where p.queue = u.name)))
+          and ${ready("c.queue")}
+          and c.task = any($2::text[])
+          and c.id <> all($4::bigint[])
+        order by c.priority desc, c.run_at, c.id
+        limit 1) best
      where coalesce(l.max_running - coalesce(running.n, 0), ${never}) > 0
        and coalesce(l.max_starts - coalesce(starts.n, 0), ${never}) > 0
      order by best.priority desc, best.run_at, best.id
