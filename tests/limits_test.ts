@@ -253,6 +253,14 @@ Deno.test("a keyed job is claimed in priority order among jobs without a key", a
       );
     }
     assertEquals(order, [keyed, mid, low]);
+    assertEquals((await claimer.claim([{ queue: "default", slots: 1 }], 1)).claimed, []);
+
+    // After a claim that found no keyed job, a new one still comes first.
+    await work.using({ priority: 5 }).enqueue();
+    const later = await work.using({ priority: 10, limitKey: "k" }).enqueue();
+    assertEquals((await claimer.claim([{ queue: "default", slots: 1 }], 1)).claimed[0].id, later);
+    await sql`update akadze.jobs set state = 'succeeded', finished_at = now(), worker_id = null
+               where queue = 'default' and state <> 'succeeded'`;
 
     // Two queues (the other claim statement): the same order within each queue.
     const a = await work.using({ queue: "a", priority: 5 }).enqueue();

@@ -71,10 +71,13 @@ export class Claimer {
     cancel: string;
     hasLimits: string;
     keys: string;
+    anyKey: string;
     limited: string;
   };
   #limitsCheckedAt = -Infinity;
   #limitsExist = false;
+  /** Whether the last limited claim found a key to serve (see `#claimLimited`). */
+  #keysFound = true;
 
   /** Make a claimer on a pool. */
   constructor(sql: Sql, config: ClaimerConfig) {
@@ -86,7 +89,8 @@ export class Claimer {
       claim: claimStatement(s),
       cancel: cancelStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
-      keys: limitKeysStatement(s),
+      keys: limitKeysStatement(s, true),
+      anyKey: limitKeysStatement(s, false),
       limited: limitedClaimStatement(s),
     };
   }
@@ -188,6 +192,13 @@ export class Claimer {
     const queues = requests.map((r) => r.queue);
     const slots = requests.map((r) => r.slots);
     const tasks = this.#config.tasks as string[];
+    if (!this.#keysFound) {
+      // The last pass found no key with room and a ready job (limits exist, but their jobs
+      // are done or at their limit): while that stays so, claim as without limits, sparing
+      // the transaction and its round trips.
+      const any = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, 1, []]);
+      if (any.length === 0) return await this.#claimUnlimited(requests, total, offset);
+    }
     const run = async (
       tx: TransactionSql,
       n: number,
@@ -200,6 +211,7 @@ export class Claimer {
       // stopped process, a partition) and waiting would stall this loop and its heartbeat.
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks, n, excluded]))
         .map((r) => r.key);
+      this.#keysFound = keys.length > 0;
       if (keys.length === 0) return await this.#unlimited(tx, requests, n, offset, excluded);
       return await this.#claimed(tx.unsafe(this.#statements.limited, [
         keys,
@@ -430,7 +442,8 @@ function room(s: string): string {
 }
 
 /**
- * Pick and lock the limit keys to serve: $1 queues, $2 tasks, $3 how many, $4 excluded ids.
+ * Pick and lock (with `lock`) the limit keys to serve: $1 queues, $2 tasks, $3 how many, $4
+ * excluded ids.
  * Only keys with room and a ready job in an open queue, ordered by that key's best ready
  * job (claim order), at most $3, each `limits` row locked `SKIP LOCKED` (the Limit sits
  * above the row locks, so a key held by another claimer makes room for the next one). The
@@ -438,7 +451,7 @@ function room(s: string): string {
  * costs more with thousands of keys), and the room they give is a hint from this
  * statement's snapshot: the claim counts again under the lock.
  */
-function limitKeysStatement(s: string): string {
+function limitKeysStatement(s: string, lock: boolean): string {
   const never = 2147483647;
   return `
     with running as (
@@ -470,7 +483,7 @@ function limitKeysStatement(s: string): string {
        and coalesce(l.max_starts - coalesce(starts.n, 0), ${never}) > 0
      order by best.priority desc, best.run_at, best.id
      limit $3
-     for update of l skip locked`;
+     ${lock ? "for update of l skip locked" : ""}`;
 }
 
 /**
