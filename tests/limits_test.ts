@@ -1,7 +1,7 @@
 // Limits enforced by the claim (SPEC §5.11), raced by several worker processes.
 import { setLimit } from "../src/admin.ts";
 import { assert, assertEquals } from "./assert.ts";
-import type { Sql } from "../src/db.ts";
+import { connect, type Sql } from "../src/db.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { countJobs, startWorker, waitFor, withApp, workClaimer } from "./_helpers.ts";
 import { WORKER_PERMISSIONS } from "./_processes.ts";
@@ -203,11 +203,7 @@ Deno.test("with 10,000 limit keys every key gets its turn, one running job per k
     await sql`analyze akadze.jobs`;
     const claimer = workClaimer(sql);
     const claim = () => claimer.claim([{ queue: "default", slots: 500 }], 500);
-    const started = performance.now();
     const first = await claim();
-    console.log(
-      `one claim of 500 with ${keys} keys queued: ${(performance.now() - started).toFixed(0)} ms`,
-    );
     assertEquals(first.claimed.length, 500);
     // First every key gets one running job, while none finishes.
     await waitFor(
@@ -309,5 +305,26 @@ Deno.test("with onTransition hooks, a rolled-back keyed claim is skipped and the
     assertEquals([got.claimed.map((j) => j.id), got.rolledBack], [[keyed, free], 1]);
     const [row] = await sql`select state, run_count from akadze.jobs where id = ${bad}`;
     assertEquals(row, { state: "queued", run_count: 0 });
+  });
+});
+
+Deno.test("claimers racing over many limit keys never start two jobs of a key with maxRunning 1", async () => {
+  await withApp("lim_race_keys", async (_app, sql, db) => {
+    await tenants(sql, 300, { maxRunning: 1 }, () => 3);
+    const pools = [0, 1, 2, 3].map(() => connect(db.url, { max: 2 }));
+    try {
+      const claimers = pools.map((pool) => workClaimer(pool));
+      await waitFor(
+        async () => {
+          await Promise.all(claimers.map((c) => c.claim([{ queue: "default", slots: 40 }], 40)));
+          return (await runningByKey(sql))[0] === 300;
+        },
+        "a running job for each of the 300 keys",
+        60_000,
+      );
+      assertEquals(await runningByKey(sql), [300, 1]);
+    } finally {
+      await Promise.all(pools.map((pool) => pool.end()));
+    }
   });
 });
