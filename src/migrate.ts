@@ -5,6 +5,7 @@
  * @module
  */
 import init from "../migrations/0001_init.sql" with { type: "text" };
+import limitKeyOrder from "../migrations/0002_limit_key_order.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -22,7 +23,10 @@ export interface Migration {
 }
 
 /** Every schema version, in the order they apply. */
-const MIGRATIONS: readonly Migration[] = [{ version: "0001_init", sql: init }];
+const MIGRATIONS: readonly Migration[] = [
+  { version: "0001_init", sql: init },
+  { version: "0002_limit_key_order", sql: limitKeyOrder },
+];
 
 /** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */
 export interface MigrateOptions {

@@ -21,7 +21,11 @@ Deno.test("akadze migrate prints applied versions, then schema up to date", asyn
   await withDatabase("cli_migrate", async (db) => {
     const env = { AKADZE_DATABASE_URL: db.url };
     const first = await runCli(["migrate"], env);
-    assertEquals([first.code, first.stdout, first.stderr], [0, "applied 0001_init\n", ""]);
+    assertEquals([first.code, first.stdout, first.stderr], [
+      0,
+      "applied 0001_init\napplied 0002_limit_key_order\n",
+      "",
+    ]);
     const second = await runCli(["migrate"], env);
     assertEquals([second.code, second.stdout], [0, "schema up to date\n"]);
   }, { migrated: false });
@@ -32,23 +36,30 @@ Deno.test("akadze migrate --status lists versions as a table or --json, never li
     const env = { AKADZE_DATABASE_URL: db.url };
     const pending = await runCli(["migrate", "--status"], env);
     assertEquals([pending.code, pending.stderr], [0, ""]);
-    assertEquals(pending.stdout, "VERSION\tSTATE\tAPPLIED_AT\n0001_init\tpending\t-\n");
+    assertEquals(
+      pending.stdout,
+      "VERSION\tSTATE\tAPPLIED_AT\n0001_init\tpending\t-\n0002_limit_key_order\tpending\t-\n",
+    );
     const pendingJson = await runCli(["migrate", "--status", "--json"], env);
     assertEquals(JSON.parse(pendingJson.stdout), [
       { version: "0001_init", state: "pending", appliedAt: null },
+      { version: "0002_limit_key_order", state: "pending", appliedAt: null },
     ]);
     await runCli(["migrate"], env);
-    const [{ at }] = await sql`select applied_at as at from akadze.schema_migrations`;
+    const [{ at }, { at: at2 }] = await sql`
+      select applied_at as at from akadze.schema_migrations order by version`;
     const applied = await runCli(["migrate", "--status"], env);
     assertEquals([applied.code, applied.stderr], [0, ""]);
     assertEquals(
       applied.stdout,
-      `VERSION\tSTATE\tAPPLIED_AT\n0001_init\tapplied\t${at.toISOString()}\n`,
+      `VERSION\tSTATE\tAPPLIED_AT\n0001_init\tapplied\t${at.toISOString()}\n` +
+        `0002_limit_key_order\tapplied\t${at2.toISOString()}\n`,
     );
     assert(!/^applied /m.test(applied.stdout), "not the output of a real migration");
     const json = await runCli(["migrate", "--status", "--json"], env);
     assertEquals(JSON.parse(json.stdout), [
       { version: "0001_init", state: "applied", appliedAt: at.toISOString() },
+      { version: "0002_limit_key_order", state: "applied", appliedAt: at2.toISOString() },
     ]);
     const misuse = await runCli(["migrate", "--json"], env);
     assertEquals(misuse.code, 2);

@@ -241,7 +241,7 @@ Deno.test("akadze health on the database: unmigrated schema or unreachable serve
     assertEquals(out.code, 1);
     assertMatch(
       out.stderr,
-      /^unhealthy: schema "akadze" is not migrated \(pending: 0001_init\)\n$/,
+      /^unhealthy: schema "akadze" is not migrated \(pending: 0001_init, 0002_limit_key_order\)\n$/,
     );
   }, { migrated: false });
   const refused = await health(["--timeout", "5"], {

@@ -71,11 +71,15 @@ Deno.test("deno install -g puts a working akadze command on the PATH", async () 
     await withDatabase("install", async (db) => {
       const env = { AKADZE_DATABASE_URL: db.url };
       const first = await run(akadze, ["migrate"], env);
-      assertEquals([first.code, first.stdout], [0, "applied 0001_init\n"], first.stderr);
+      assertEquals([first.code, first.stdout], [
+        0,
+        "applied 0001_init\napplied 0002_limit_key_order\n",
+      ], first.stderr);
       const again = await run(akadze, ["migrate"], env);
       assertEquals([again.code, again.stdout], [0, "schema up to date\n"], again.stderr);
       const status = await run(akadze, ["migrate", "--status"], env);
       assertMatch(status.stdout, /^0001_init\tapplied\t\S+$/m);
+      assertMatch(status.stdout, /^0002_limit_key_order\tapplied\t\S+$/m);
     }, { migrated: false });
 
     const uninstall = await run(Deno.execPath(), [

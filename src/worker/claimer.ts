@@ -1,10 +1,12 @@
 /**
  * The claimer: claims ready jobs into the free slots in one statement (`FOR UPDATE SKIP
  * LOCKED`, priority order, pauses honoured, only tasks this worker knows), and cancels
- * queued jobs with a cancel request or a passed expiry (`cancel()`). Jobs whose `limitKey`
- * has a row in `limits` are claimed by a second path that first locks those rows, so `maxRunning` is
- * never exceeded cluster-wide and `maxStarts` per window is counted in `limit_starts`.
- * The claim commits before any handler runs.
+ * queued jobs with a cancel request or a passed expiry (`cancel()`). While `limits` has rows,
+ * a claim first picks and locks the limit keys that have room and a ready job, best job first,
+ * then claims their jobs and jobs without a limit together in one claim order, so `maxRunning`
+ * is never exceeded cluster-wide, `maxStarts` per window is counted in `limit_starts`, and a
+ * keyed job does not wait behind lower-priority jobs without a key. The claim commits before
+ * any handler runs.
  *
  * @module
  */
@@ -56,9 +58,7 @@ export interface ClaimerConfig {
 
 /** How many queued jobs one pass cancels at most. */
 const CANCEL_BATCH = 500;
-/** How many limit keys one pass serves at most. */
-const LIMIT_KEYS = 100;
-/** How long "there are no limits" is trusted before asking again (ms). */
+/** How long "there are (no) limits" is trusted before asking again (ms). */
 const LIMITS_RECHECK = 2_000;
 
 /** Claims jobs for one worker. */
@@ -71,11 +71,13 @@ export class Claimer {
     cancel: string;
     hasLimits: string;
     keys: string;
-    lock: string;
+    anyKey: string;
     limited: string;
   };
   #limitsCheckedAt = -Infinity;
   #limitsExist = false;
+  /** Whether the last limited claim found a key to serve (see `#claimLimited`). */
+  #keysFound = true;
 
   /** Make a claimer on a pool. */
   constructor(sql: Sql, config: ClaimerConfig) {
@@ -87,14 +89,8 @@ export class Claimer {
       claim: claimStatement(s),
       cancel: cancelStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
-      keys: `select l.key from ${s}.limits l
-              where exists (select 1 from ${s}.jobs c
-                             where c.limit_key = l.key and c.state = 'queued'
-                               and c.queue = any($1::text[]) and c.task = any($2::text[])
-                               and c.run_at <= now() and c.cancel_requested_at is null)
-              order by l.key limit ${LIMIT_KEYS}`,
-      lock: `select key from ${s}.limits where key = any($1::text[]) order by key
-             for update skip locked`,
+      keys: limitKeysStatement(s, true),
+      anyKey: limitKeysStatement(s, false),
       limited: limitedClaimStatement(s),
     };
   }
@@ -104,22 +100,8 @@ export class Claimer {
    * contribute up to `total`, taken round-robin starting at queue `offset`.
    */
   async claim(requests: readonly ClaimRequest[], total: number, offset = 0): Promise<ClaimResult> {
-    const result = await this.#claimUnlimited(requests, total, offset);
-    const left = total - result.claimed.length;
-    if (left > 0 && await this.#limitsMayApply()) {
-      const taken = new Map<string, number>();
-      for (const row of result.claimed) taken.set(row.queue, (taken.get(row.queue) ?? 0) + 1);
-      const free = requests.map((r) => ({
-        queue: r.queue,
-        slots: Math.min(left, r.slots - (taken.get(r.queue) ?? 0)),
-      })).filter((r) => r.slots > 0);
-      if (free.length > 0) {
-        const limited = await this.#claimLimited(free, left);
-        result.claimed.push(...limited.claimed);
-        result.rolledBack += limited.rolledBack;
-      }
-    }
-    return result;
+    if (await this.#limitsMayApply()) return await this.#claimLimited(requests, total, offset);
+    return await this.#claimUnlimited(requests, total, offset);
   }
 
   /**
@@ -148,34 +130,8 @@ export class Claimer {
     total: number,
     offset: number,
   ): Promise<ClaimResult> {
-    const tasks = this.#config.tasks as string[];
-    const workerId = this.#config.workerId;
-    const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) => {
-      if (requests.length === 1) {
-        // One queue (the common case): a function whose plan each connection keeps.
-        return this.#claimed(sql.unsafe(this.#statements.claimOne, [
-          requests[0].queue,
-          tasks,
-          Math.min(n, requests[0].slots),
-          excluded,
-          workerId,
-        ], PREPARED));
-      }
-      const slots = requests.map((r) => r.slots);
-      return this.#claimed(sql.unsafe(this.#statements.claim, [
-        requests.map((r) => r.queue),
-        slots,
-        tasks,
-        n,
-        offset,
-        excluded,
-        workerId,
-        // A constant per-queue LIMIT (the largest request) lets the planner see how few
-        // rows it fetches; an expression makes it guess a tenth of the queue, which pushes
-        // the plan past jit_above_cost on big queues (~45 ms of JIT per claim).
-        Math.min(n, Math.max(0, ...slots)),
-      ]));
-    };
+    const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) =>
+      this.#unlimited(sql, requests, n, offset, excluded);
     if (this.#config.hooks.length === 0) {
       return { claimed: await run(this.#sql, total, []), rolledBack: 0 };
     }
@@ -186,33 +142,87 @@ export class Claimer {
     return { claimed: rows, rolledBack };
   }
 
-  /** The claim of jobs whose key has a limits row, under a lock on those rows. */
-  async #claimLimited(requests: readonly ClaimRequest[], total: number): Promise<ClaimResult> {
+  /** One claim of jobs without a limits row, on `sql`. */
+  #unlimited(
+    sql: Sql | TransactionSql,
+    requests: readonly ClaimRequest[],
+    n: number,
+    offset: number,
+    excluded: string[],
+  ): Promise<ClaimedJob[]> {
+    const tasks = this.#config.tasks as string[];
+    const workerId = this.#config.workerId;
+    if (requests.length === 1) {
+      // One queue (the common case): a function whose plan each connection keeps.
+      return this.#claimed(sql.unsafe(this.#statements.claimOne, [
+        requests[0].queue,
+        tasks,
+        Math.min(n, requests[0].slots),
+        excluded,
+        workerId,
+      ], PREPARED));
+    }
+    const slots = requests.map((r) => r.slots);
+    return this.#claimed(sql.unsafe(this.#statements.claim, [
+      requests.map((r) => r.queue),
+      slots,
+      tasks,
+      n,
+      offset,
+      excluded,
+      workerId,
+      // A constant per-queue LIMIT (the largest request) lets the planner see how few
+      // rows it fetches; an expression makes it guess a tenth of the queue, which pushes
+      // the plan past jit_above_cost on big queues (~45 ms of JIT per claim).
+      Math.min(n, Math.max(0, ...slots)),
+    ]));
+  }
+
+  /**
+   * The claim while limits rows exist: the keys with room and a ready job, best job first
+   * (at most one per job wanted), are locked, then their jobs and jobs without a limit are
+   * claimed together in claim order. Keys are chosen by need, not by name, so with
+   * thousands of keys each one with room gets its turn.
+   */
+  async #claimLimited(
+    requests: readonly ClaimRequest[],
+    total: number,
+    offset: number,
+  ): Promise<ClaimResult> {
     const queues = requests.map((r) => r.queue);
     const slots = requests.map((r) => r.slots);
     const tasks = this.#config.tasks as string[];
+    if (!this.#keysFound) {
+      // The last pass found no key with room and a ready job (limits exist, but their jobs
+      // are done or at their limit): while that stays so, claim as without limits, sparing
+      // the transaction and its round trips.
+      const any = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, 1, []]);
+      if (any.length === 0) return await this.#claimUnlimited(requests, total, offset);
+    }
     const run = async (
       tx: TransactionSql,
       n: number,
       excluded: string[],
     ): Promise<ClaimedJob[]> => {
-      const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks])).map((r) => r.key);
-      if (keys.length === 0) return [];
-      // Serialise claimers of the same keys; the claim below then counts with a fresh
-      // snapshot (a new statement), so what it sees running is what is running. A key
-      // another claimer holds is left for the next pass: never wait, for that claimer may
-      // be frozen mid-transaction (a stopped process, a partition) and waiting would stall
-      // this loop and its heartbeat with it.
-      const locked = (await tx.unsafe(this.#statements.lock, [keys])).map((r) => r.key);
-      if (locked.length === 0) return [];
+      // Lock the chosen keys' limits rows, serialising claimers of the same key; the claim
+      // below then counts with a fresh snapshot (a new statement), so what it sees running
+      // is what is running. A key another claimer holds is skipped (the next best one is
+      // taken instead): never wait, for that claimer may be frozen mid-transaction (a
+      // stopped process, a partition) and waiting would stall this loop and its heartbeat.
+      const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks, n, excluded]))
+        .map((r) => r.key);
+      this.#keysFound = keys.length > 0;
+      if (keys.length === 0) return await this.#unlimited(tx, requests, n, offset, excluded);
       return await this.#claimed(tx.unsafe(this.#statements.limited, [
-        locked,
+        keys,
         queues,
         slots,
         tasks,
         n,
+        offset,
         excluded,
         this.#config.workerId,
+        Math.min(n, Math.max(0, ...slots)),
       ]));
     };
     if (this.#config.hooks.length === 0) {
@@ -221,10 +231,10 @@ export class Claimer {
         rolledBack: 0,
       };
     }
-    const { rows, rolledBack } = await this.#oneByOne(
-      total,
-      (tx, excluded) => run(tx, 1, excluded),
-    );
+    const { rows, rolledBack } = await this.#oneByOne(total, (tx, excluded) => {
+      offset++;
+      return run(tx, 1, excluded);
+    });
     return { claimed: rows, rolledBack };
   }
 
@@ -285,9 +295,14 @@ export class Claimer {
     }));
   }
 
+  /**
+   * Whether `limits` has rows, asked at most every LIMITS_RECHECK. Either answer may be
+   * stale that long: with no rows the limited claim claims what the plain one would, and a
+   * new row's jobs wait (the plain claim leaves any job whose key has a row).
+   */
   async #limitsMayApply(): Promise<boolean> {
     const now = performance.now();
-    if (!this.#limitsExist && now - this.#limitsCheckedAt < LIMITS_RECHECK) return false;
+    if (now - this.#limitsCheckedAt < LIMITS_RECHECK) return this.#limitsExist;
     const [{ any }] = await this.#sql.unsafe(this.#statements.hasLimits);
     this.#limitsExist = any;
     this.#limitsCheckedAt = now;
@@ -415,51 +430,122 @@ function cancelStatement(s: string): string {
     returning ${JOB_RETURNING}`;
 }
 
-function limitedClaimStatement(s: string): string {
+/** How many more jobs of key `l` (a `limits` row) may start now, counted per key. */
+function room(s: string): string {
+  const never = 2147483647;
+  return `least(
+    coalesce(l.max_running - (select count(*) from ${s}.jobs r
+                               where r.state = 'running' and r.limit_key = l.key), ${never}),
+    coalesce(l.max_starts - (select count(*) from ${s}.limit_starts m
+                              where m.key = l.key and m.started_at > now() - l."window"),
+             ${never}))`;
+}
+
+/**
+ * Pick and lock (with `lock`) the limit keys to serve: $1 queues, $2 tasks, $3 how many, $4
+ * excluded ids.
+ * Only keys with room and a ready job in an open queue, ordered by that key's best ready
+ * job (claim order), at most $3, each `limits` row locked `SKIP LOCKED` (the Limit sits
+ * above the row locks, so a key held by another claimer makes room for the next one). The
+ * counts are hashed once (running jobs and marks in the window are few; a count per key
+ * costs more with thousands of keys), and the room they give is a hint from this
+ * statement's snapshot: the claim counts again under the lock.
+ */
+function limitKeysStatement(s: string, lock: boolean): string {
   const never = 2147483647;
   return `
-    with room as (
-      select l.key, l.max_starts,
-             least(
-               coalesce(l.max_running - (select count(*) from ${s}.jobs r
-                                          where r.state = 'running' and r.limit_key = l.key),
-                        ${never}),
-               coalesce(l.max_starts - (select count(*) from ${s}.limit_starts m
-                                         where m.key = l.key and m.started_at > now() - l."window"),
-                        ${never})) as n
-        from ${s}.limits l where l.key = any($1::text[])
+    with running as (
+      select r.limit_key as key, count(*) as n from ${s}.jobs r
+       where r.state = 'running' and r.limit_key is not null
+       group by r.limit_key
     ),
-    candidates as (
+    starts as (
+      select m.key, count(*) as n from ${s}.limit_starts m
+        join ${s}.limits w on w.key = m.key
+       where m.started_at > now() - w."window"
+       group by m.key
+    )
+    select l.key from ${s}.limits l
+      left join running on running.key = l.key
+      left join starts on starts.key = l.key
+     cross join lateral (
+       select c.priority, c.run_at, c.id from ${s}.jobs c
+        where c.limit_key = l.key
+          and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
+                                   where not exists (select 1 from ${s}.queue_pauses p
+                                                      where p.queue = u.name)))
+          and ${ready("c.queue")}
+          and c.task = any($2::text[])
+          and c.id <> all($4::bigint[])
+        order by c.priority desc, c.run_at, c.id
+        limit 1) best
+     where coalesce(l.max_running - coalesce(running.n, 0), ${never}) > 0
+       and coalesce(l.max_starts - coalesce(starts.n, 0), ${never}) > 0
+     order by best.priority desc, best.run_at, best.id
+     limit $3
+     ${lock ? "for update of l skip locked" : ""}`;
+}
+
+/**
+ * Claim from the locked keys and from jobs without a limit, in one claim order: $1 locked
+ * keys, $2 queues, $3 slots per queue, $4 tasks, $5 how many in all, $6 round-robin offset,
+ * $7 excluded ids, $8 worker id, $9 the largest per-queue slots. Each key gives at most its
+ * room (counted now, under the lock), each queue at most its slots; within a queue the best
+ * jobs win whether they have a key or not, and queues take turns as in the plain claim.
+ * Starts of keys with `maxStarts` are marked in `limit_starts`.
+ */
+function limitedClaimStatement(s: string): string {
+  return `
+    with room as (
+      select l.key, l.max_starts, ${room(s)} as n
+        from unnest($1::text[]) as k(key) join ${s}.limits l on l.key = k.key
+    ),
+    oq as (select * from ${openQueues(s, "$2", "$3")}),
+    keyed as (
       select x.* from room cross join lateral (
-        select c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
+        select c.ctid, c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
          where c.limit_key = room.key
-           and c.queue in (select q.name from ${openQueues(s, "$2", "$3")})
+           and c.queue = any(array(select name from oq))
            and ${ready("c.queue")}
            and c.task = any($4::text[])
-           and c.id <> all($6::bigint[])
+           and c.id <> all($7::bigint[])
          order by c.priority desc, c.run_at, c.id
-         limit greatest(room.n, 0)
+         limit least(greatest(room.n, 0), $5)
          for update of c skip locked) x
     ),
-    picked as (
-      select r.id from (
-        select c.*, row_number() over (partition by c.queue
-                                       order by c.priority desc, c.run_at, c.id) as rn
-          from candidates c) r
-        join unnest($2::text[], $3::int[]) as q(name, n) on q.name = r.queue
-       where r.rn <= q.n
-       order by r.priority desc, r.run_at, r.id
-       limit $5
+    unkeyed as (
+      select x.ctid, x.id, oq.name as queue, x.priority, x.run_at from oq cross join lateral (
+        select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
+         where ${ready("oq.name")}
+           and c.task = any($4::text[])
+           and c.id <> all($7::bigint[])
+           and (c.limit_key is null
+                or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
+         order by c.priority desc, c.run_at, c.id
+         limit $9
+         for update of c skip locked) x
+    ),
+    candidates as (
+      select r.ctid from (
+        select u.ctid, oq.ord, oq.n,
+               row_number() over (partition by oq.ord
+                                  order by u.priority desc, u.run_at, u.id) as rn
+          from (select * from keyed union all select * from unkeyed) u
+          join oq on oq.name = u.queue
+      ) r
+      where r.rn <= r.n
+      order by r.rn, (r.ord + $6) % cardinality($2::text[])
+      limit $5
     ),
     claimed as (
       update ${s}.jobs j
-         set state = 'running', run_count = j.run_count + 1, worker_id = $7, started_at = now()
-        from picked where j.id = picked.id
+         set state = 'running', run_count = j.run_count + 1, worker_id = $8, started_at = now()
+       where j.ctid = any(array(select ctid from candidates))
       returning j.*
     ),
     marks as (
       insert into ${s}.limit_starts (key, job_id)
-      select c.limit_key, c.id::bigint from claimed c
+      select c.limit_key, c.id from claimed c
         join room on room.key = c.limit_key
        where room.max_starts is not null
     )
