@@ -161,6 +161,7 @@ Deno.test("migrationStatus lists pending, then applied versions with their time,
   await withDatabase("migrate_status", async (db, sql) => {
     assertEquals(await migrationStatus(db.url), [
       { version: "0001_init", state: "pending", appliedAt: null },
+      { version: "0002_limit_key_order", state: "pending", appliedAt: null },
     ]);
     const [{ n }] = await sql`select count(*)::int as n from pg_namespace where nspname = 'akadze'`;
     assertEquals(n, 0, "nothing created");
@@ -170,6 +171,7 @@ Deno.test("migrationStatus lists pending, then applied versions with their time,
     const status = await migrationStatus(sql);
     assertEquals(status.map((m) => [m.version, m.state]), [
       ["0001_init", "applied"],
+      ["0002_limit_key_order", "applied"],
       ["9999_newer", "applied"],
     ]);
     assert(status.every((m) => m.appliedAt instanceof Date));
