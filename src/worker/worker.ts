@@ -17,6 +17,7 @@ import { type Execution, Executor } from "./executor.ts";
 import { Heartbeat } from "./heartbeat.ts";
 import type { JobRow } from "./job_row.ts";
 import type { WrittenRow } from "./completer.ts";
+import { unstorableOutcome } from "./completer.ts";
 import { Listener } from "./listener.ts";
 import { LoopConnection } from "./loop_connection.ts";
 import { installProcessGuard, type Stray } from "./process_guard.ts";
@@ -620,15 +621,16 @@ export class Worker {
         return;
       }
       const [p] = batch;
-      const code = (error as { code?: unknown }).code;
-      if (typeof code === "string" && /^(22|54)/.test(code) && p.outcome.kind === "succeeded") {
-        // The database refused the value itself: record that, do not run the job again.
-        p.outcome = {
-          id: p.outcome.id,
-          runCount: p.outcome.runCount,
-          kind: "fail",
-          error: { error: "ResultNotStorable", message: describeError(error).slice(0, 500) },
-        };
+      const replacement = unstorableOutcome(p.outcome, error);
+      if (replacement) {
+        // The database refused the values themselves: record that, do not run the job again.
+        this.#log.warn("the outcome of job {jobId} cannot be stored; ending the job: {message}", {
+          event: "outcome_not_storable",
+          jobId: p.outcome.id,
+          kind: p.outcome.kind,
+          message: describeError(error),
+        });
+        p.outcome = replacement;
         return await this.#writeBatch([p]);
       }
       this.#log.error("could not write the outcome of job {jobId}: {message}", {
