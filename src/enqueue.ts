@@ -13,7 +13,7 @@ import {
   type Sql,
   type TransactionSql,
 } from "./db.ts";
-import { AkadzeError, DuplicateJob, EnqueueError } from "./errors.ts";
+import { AkadzeError, DuplicateJob, EnqueueError, MAX_DELAY } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
 import {
@@ -67,7 +67,12 @@ export interface EnqueueHost {
   readonly notify: boolean;
   /** The hooks (only `onEnqueue` is used here). */
   readonly hooks: { readonly onEnqueue: readonly OnEnqueueHook[] };
+  /** The largest arguments of one job, bytes of JSON text. Default {@linkcode MAX_ARGS_BYTES}. */
+  readonly maxArgsBytes?: number;
 }
+
+/** The default largest arguments of one job: 1 MiB of JSON text (UTF-8). */
+export const MAX_ARGS_BYTES = 1_048_576;
 
 /** What enqueue needs from a task. */
 export interface EnqueueTarget {
@@ -134,19 +139,48 @@ export async function enqueueJobs(
 ): Promise<string[]> {
   const base = checkOptions(target, options);
   const many = argsList.length > 1;
+  const maxBytes = host.maxArgsBytes ?? MAX_ARGS_BYTES;
   const checked: Record<string, unknown>[] = [];
+  const texts: string[] = [];
   for (let i = 0; i < argsList.length; i++) {
-    const args = checkArgs(target, argsList[i], many ? i : undefined);
-    checked.push(args instanceof Promise ? await args : args);
+    const index = many ? i : undefined;
+    const pending = checkArgs(target, argsList[i], index);
+    const args = pending instanceof Promise ? await pending : pending;
+    checked.push(args);
+    texts.push(checkSize(target, JSON.stringify(args), maxBytes, index));
   }
   checkQueueName(base.queue, EnqueueError);
   if (checked.length === 0) return [];
   return await explainMissingSchema(
     host.schema,
-    () => insertRows(host, base, checked, options.session),
+    () => insertRows(host, base, checked, texts, options.session),
     EnqueueError,
     `cannot enqueue task "${target.name}": `,
   );
+}
+
+/**
+ * Refuse arguments over `maxBytes` of JSON text before they reach the database (which
+ * would take its time over a huge value, then fail with its own error). Returns the text.
+ */
+function checkSize(
+  target: EnqueueTarget,
+  text: string,
+  maxBytes: number,
+  index: number | undefined,
+): string {
+  // A UTF-16 unit is 1 to 3 bytes of UTF-8: count bytes only when the length cannot decide.
+  if (text.length * 3 <= maxBytes) return text;
+  const bytes = text.length > maxBytes ? text.length : new TextEncoder().encode(text).length;
+  if (bytes > maxBytes) {
+    throw new EnqueueError(
+      `arguments for ${which(target, index)} are ${
+        text.length > maxBytes ? "at least " : ""
+      }${bytes} bytes of JSON, over the limit of ${maxBytes} bytes (the Akadze option ` +
+        "maxArgsBytes); store large data elsewhere and pass a reference",
+    );
+  }
+  return text;
 }
 
 function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
@@ -162,8 +196,14 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   if (delay !== undefined && runAt !== undefined) {
     throw new EnqueueError("delay and runAt cannot both be set");
   }
-  if (delay !== undefined && (typeof delay !== "number" || !Number.isFinite(delay) || delay < 0)) {
-    throw new EnqueueError(`delay must be a non-negative number of milliseconds, got ${delay}`);
+  if (
+    delay !== undefined &&
+    (typeof delay !== "number" || !Number.isFinite(delay) || delay < 0 || delay > MAX_DELAY)
+  ) {
+    throw new EnqueueError(
+      `delay must be a non-negative number of milliseconds, at most ${MAX_DELAY} (365 days), ` +
+        `got ${delay}`,
+    );
   }
   for (const [name, value] of [["runAt", runAt], ["expiresAt", expiresAt]] as const) {
     if (value !== undefined && !(value instanceof Date && Number.isFinite(value.getTime()))) {
@@ -264,10 +304,12 @@ function which(target: EnqueueTarget, index: number | undefined): string {
   return `task "${target.name}"${index === undefined ? "" : ` (element ${index})`}`;
 }
 
+/** Insert the jobs; `texts` are the arguments' JSON texts, in the order of `argsList`. */
 async function insertRows(
   host: EnqueueHost,
   base: Base,
   argsList: Record<string, unknown>[],
+  texts: string[],
   session: Sql | TransactionSql = host.sql,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
@@ -281,7 +323,8 @@ async function insertRows(
       base.task,
       base.queue,
       base.priority,
-      JSON.stringify(one ? argsList[0] : argsList),
+      // The same text as JSON.stringify of the list: no spaces, elements in order.
+      one ? texts[0] : `[${texts.join(",")}]`,
       base.max_attempts,
       base.run_at,
       base.delay_ms,
