@@ -493,3 +493,29 @@ Deno.test("an error entry never throws and never keeps a secret, whatever was th
   assertEquals(errorEntry(odd[5], secrets), { error: "Plain", message: "plain object ***" });
   assertEquals(errorEntry(odd[6], secrets).message, 'invalid input syntax for type integer: "***"');
 });
+
+Deno.test("jobs show hides argument values in errors stored by an older version unless --args is given", async () => {
+  await withDatabase("hostile_show_old", async (db, sql) => {
+    const errors = [{
+      error: `Card${CARD}`,
+      message: `declined ${CARD}`,
+      at: "2030-01-01T00:00:00Z",
+    }];
+    const [{ id }] = await sql`
+      insert into akadze.jobs (task, queue, state, attempt, max_attempts, args, errors,
+                               finished_at, run_count, started_at)
+      values ('pay', 'default', 'failed', 1, 1, ${sql.json({ card: CARD })},
+              ${sql.json(errors)}, now(), 1, now())
+      returning id::text as id`;
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const [text, json, full] = await Promise.all([
+      runCli(["jobs", "show", id], env),
+      runCli(["jobs", "show", id, "--json"], env),
+      runCli(["jobs", "show", id, "--args"], env),
+    ]);
+    assert(text.stdout.includes("Card***: declined ***"), text.stdout);
+    assert(!text.stdout.includes(CARD), text.stdout);
+    assertEquals(JSON.parse(json.stdout).errors[0].message, "declined ***");
+    assert(full.stdout.includes(`args: {"card":"${CARD}"}`), full.stdout);
+  });
+});
