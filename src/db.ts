@@ -331,12 +331,16 @@ export function hideQuotedInput(message: string, code: unknown): string {
  */
 export function describeError(error: unknown, secrets: readonly string[] = []): string {
   let text: string;
-  if (error instanceof Error) {
-    const code = (error as { code?: unknown }).code;
-    text = hideQuotedInput(error.message || error.name, code);
-    if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
-  } else {
-    text = String(error);
+  try {
+    if (error instanceof Error) {
+      const code = (error as { code?: unknown }).code;
+      text = hideQuotedInput(String(error.message || error.name), code);
+      if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
+    } else {
+      text = String(error);
+    }
+  } catch {
+    text = "an error that cannot be described"; // a Proxy, a getter or toString that throws
   }
   return redact(text.replace(/\s+/g, " ").trim(), secrets);
 }

@@ -9,7 +9,7 @@ import { Completer } from "../src/worker/completer.ts";
 import { unstorableOutcome } from "../src/worker/completer.ts";
 import { errorEntry } from "../src/worker/error_entry.ts";
 import { drain } from "../src/testing.ts";
-import type { Sql } from "../src/db.ts";
+import { describeError, type Sql } from "../src/db.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import { runCli, startWorker, waitForJob, withApp, withDatabase } from "./_helpers.ts";
 
@@ -492,6 +492,9 @@ Deno.test("an error entry never throws and never keeps a secret, whatever was th
   }
   assertEquals(errorEntry(odd[5], secrets), { error: "Plain", message: "plain object ***" });
   assertEquals(errorEntry(odd[6], secrets).message, 'invalid input syntax for type integer: "***"');
+  // What the worker logs about a database error (or a hook's) never throws either.
+  assertEquals(describeError(odd[2]), "an error that cannot be described");
+  assertEquals(describeError(odd[6]), 'invalid input syntax for type integer: "***" (22P02)');
 });
 
 Deno.test("jobs show hides argument values in errors stored by an older version unless --args is given", async () => {
