@@ -15,7 +15,7 @@
 -- block), or pass on_duplicate => 'ignore' to get NULL (no row) instead, which needs neither.
 
 -- Insert one job per element of `args_list` (a JSON array of argument objects), all sharing
--- the other columns, in one statement; returns their ids in order. NULL for any optional
+-- the other columns, in one statement; returns their ids (column `id`) in order. NULL for any optional
 -- argument means its default. One NOTIFY on the channel of src/db.ts's jobsChannel
 -- ("<schema>_jobs", payload: the queue), delivered at commit, and only when a row was
 -- inserted.
@@ -30,7 +30,7 @@ CREATE FUNCTION {{schema}}.enqueue_many(
   limit_key text DEFAULT NULL,
   expires_at timestamptz DEFAULT NULL,
   on_duplicate text DEFAULT 'raise')
-RETURNS SETOF bigint
+RETURNS TABLE (id bigint)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -109,5 +109,5 @@ AS $$
   SELECT id FROM {{schema}}.enqueue_many(
     enqueue.task, jsonb_build_array(coalesce(enqueue.args, '{}'::jsonb)), enqueue.queue,
     enqueue.priority, enqueue.run_at, enqueue.max_attempts, enqueue.unique_key,
-    enqueue.limit_key, enqueue.expires_at, enqueue.on_duplicate) AS id
+    enqueue.limit_key, enqueue.expires_at, enqueue.on_duplicate)
 $$;
