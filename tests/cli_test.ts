@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
-import { runCli, withDatabase } from "./_helpers.ts";
-import { knownVersions } from "../src/migrate.ts";
+import { psql, runCli, withDatabase } from "./_helpers.ts";
+import { knownVersions, migrationSql } from "../src/migrate.ts";
 
 Deno.test("akadze --version prints the version of deno.json", async () => {
   const out = await runCli(["--version"], {});
@@ -67,6 +67,39 @@ Deno.test("akadze migrate --status lists versions as a table or --json, never li
     assertEquals(misuse.code, 2);
     assertMatch(misuse.stderr, /^error: --json goes with --status\n$/);
   }, { migrated: false });
+});
+
+Deno.test("akadze migrate --print-sql prints a script for another migration tool, no database needed", async () => {
+  const out = await runCli(["migrate", "--print-sql", "--schema", "app_jobs"], {});
+  assertEquals([out.code, out.stderr], [0, ""]);
+  assertEquals(out.stdout, migrationSql({ schema: "app_jobs" }));
+  await withDatabase("cli_print_sql", async (db, sql) => {
+    const applied = await psql(db.url, out.stdout, { args: ["--single-transaction"] });
+    assertEquals([applied.code, applied.stderr], [0, ""]);
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const status = await runCli(["migrate", "--status", "--json", "--schema", "app_jobs"], env);
+    assertEquals(
+      JSON.parse(status.stdout).map((
+        m: { version: string; state: string },
+      ) => [m.version, m.state]),
+      knownVersions().map((v) => [v, "applied"]),
+    );
+    const migrate = await runCli(["migrate", "--schema", "app_jobs"], env);
+    assertEquals([migrate.code, migrate.stdout], [0, "schema up to date\n"]);
+    const [{ id }] = await sql`select app_jobs.enqueue('t') as id`;
+    assertMatch(id, /^\d+$/);
+  }, { migrated: false });
+  for (
+    const [args, message] of [
+      [["--print-sql", "--status"], /^error: --print-sql and --status cannot be combined\n$/],
+      [["--print-sql", "--json"], /^error: --json goes with --status\n$/],
+      [["--print-sql", "--schema", "Bad"], /^error: --schema: schema must be a lower-case/],
+    ] as const
+  ) {
+    const misuse = await runCli(["migrate", ...args], {});
+    assertEquals(misuse.code, 2, misuse.stderr);
+    assertMatch(misuse.stderr, message);
+  }
 });
 
 Deno.test("a missing AKADZE_DATABASE_URL is a usage error (exit 2, one line)", async () => {

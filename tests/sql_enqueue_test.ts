@@ -8,37 +8,7 @@ import { EnqueueError } from "../src/errors.ts";
 import { jobsChannel } from "../src/db.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, waitFor, withApp } from "./_helpers.ts";
-
-/** Run a psql script (from stdin) against `url`; -X: no ~/.psqlrc, -At: bare rows. */
-async function psql(
-  url: string,
-  script: string,
-  options: { stopOnError?: boolean } = {},
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const child = new Deno.Command("psql", {
-    args: [
-      url,
-      "-X",
-      "-q",
-      "-A",
-      "-t",
-      "-v",
-      `ON_ERROR_STOP=${options.stopOnError === false ? 0 : 1}`,
-      "-v",
-      "VERBOSITY=verbose",
-    ],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const writer = child.stdin.getWriter();
-  await writer.write(new TextEncoder().encode(script));
-  await writer.close();
-  const out = await child.output();
-  const text = new TextDecoder();
-  return { code: out.code, stdout: text.decode(out.stdout), stderr: text.decode(out.stderr) };
-}
+import { countJobs, psql, waitFor, withApp } from "./_helpers.ts";
 
 Deno.test("akadze.enqueue from psql stores every column, NULL meaning the default", async () => {
   await withApp("sql_psql", async (_app, sql, db) => {
