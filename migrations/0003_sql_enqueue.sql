@@ -14,11 +14,11 @@
 -- AKDUP ends the statement like any error: catch it in a savepoint (or a PL/pgSQL EXCEPTION
 -- block), or pass on_duplicate => 'ignore' to get NULL (no row) instead, which needs neither.
 
--- Insert one job per element of `args_list` (a JSON array of argument objects), all sharing
--- the other columns, in one statement; returns their ids (column `id`) in order. NULL for any optional
--- argument means its default. One NOTIFY on the channel of src/db.ts's jobsChannel
--- ("<schema>_jobs", payload: the queue), delivered at commit, and only when a row was
--- inserted.
+-- Insert one job per element of `args_list` (a JSON array of argument objects; NULL: none),
+-- all sharing the other columns, in one statement; returns their ids (column `id`) in order.
+-- NULL for any optional argument means its default. One NOTIFY on the channel of src/db.ts's
+-- jobsChannel ("<schema>_jobs", payload: the queue), delivered at commit, and only when a row
+-- was inserted.
 CREATE FUNCTION {{schema}}.enqueue_many(
   task text,
   args_list jsonb,
@@ -56,7 +56,11 @@ BEGIN
     RAISE EXCEPTION 'on_duplicate must be ''raise'' or ''ignore'', got %', to_json(v_on_duplicate)
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  IF jsonb_typeof(args_list) IS DISTINCT FROM 'array' THEN
+  -- NULL is what jsonb_agg gives for no rows (a statement trigger's empty insert): no jobs.
+  IF args_list IS NULL THEN
+    RETURN;
+  END IF;
+  IF jsonb_typeof(args_list) <> 'array' THEN
     RAISE EXCEPTION 'args_list must be a JSON array of argument objects'
       USING ERRCODE = 'invalid_parameter_value';
   END IF;

@@ -130,7 +130,7 @@ Deno.test("the SQL functions refuse what the TypeScript API refuses, nothing ins
     assertMatch(emptyTask.message, /task_name/);
     const bulk: [string, string, RegExp][] = [
       [`'{"a": 1}'`, "22023", /args_list must be a JSON array of argument objects/],
-      ["null", "22023", /args_list must be a JSON array/],
+      [`'"x"'`, "22023", /args_list must be a JSON array/],
       [`'[{}, 1]'`, "23514", /job_args/],
       [`'[{}]', on_duplicate => 'nope'`, "22023", /on_duplicate must be 'raise' or 'ignore'/],
     ];
@@ -141,6 +141,13 @@ Deno.test("the SQL functions refuse what the TypeScript API refuses, nothing ins
       assertEquals(error.code, code, `${rest}: ${error.message}`);
       assertMatch(error.message, message);
     }
+    const nullTask = await assertRejects(() => sql`select akadze.enqueue(null)`) as {
+      code?: string;
+    };
+    assertEquals(nullTask.code, "23502");
+    // NULL (what jsonb_agg gives for no rows) and [] are no jobs, like enqueueMany([]).
+    assertEquals((await sql`select * from akadze.enqueue_many('t', null)`).length, 0);
+    assertEquals((await sql`select * from akadze.enqueue_many('t', '[]')`).length, 0);
     assertEquals(await countJobs(sql), 0);
     // The boundaries are accepted by both.
     const key = "k".repeat(500);
@@ -242,6 +249,7 @@ Deno.test("a trigger enqueues in the inserting transaction; a rollback removes i
         referencing new table as added
         for each statement execute function public.signups_welcome();`);
     await sql`insert into public.signups (email) values ('cy@example.com'), ('di@example.com')`;
+    await sql`insert into public.signups (email) select 'none' where false`;
     const jobs = await sql`select task, queue, args from akadze.jobs j order by j.id`;
     assertEquals(jobs.map((r) => [r.task, r.queue, r.args.email]), [
       ["mail.welcome", "mail", "ada@example.com"],
@@ -333,6 +341,30 @@ Deno.test("akadze.enqueue from npm:pg: in the client's transaction, NOTIFY at co
     } finally {
       await client.end();
       await listener.end();
+    }
+  });
+});
+
+Deno.test("a role with USAGE on the schema and INSERT, SELECT (id, state, unique_key) on jobs can enqueue", async () => {
+  await withApp("sql_grants", async (_app, sql) => {
+    const role = `akadze_writer_${crypto.randomUUID().slice(0, 8)}`;
+    await sql.unsafe(`create role ${role}`);
+    try {
+      await sql.unsafe(`grant usage on schema akadze to ${role};
+                        grant insert, select (id, state, unique_key) on akadze.jobs to ${role}`);
+      await sql.begin(async (tx) => {
+        await tx.unsafe(`set local role ${role}`);
+        const [{ id }] = await tx`select akadze.enqueue('t', unique_key => 'k') as id`;
+        assertMatch(id, /^\d+$/);
+        const [{ again }] = await tx`
+          select akadze.enqueue('t', unique_key => 'k', on_duplicate => 'ignore') as again`;
+        assertEquals(again, null);
+        const ids = await tx`select id from akadze.enqueue_many('t', '[{}, {}]')`;
+        assertEquals(ids.length, 2);
+      });
+      assertEquals(await countJobs(sql), 3);
+    } finally {
+      await sql.unsafe(`drop owned by ${role}; drop role ${role}`);
     }
   });
 });
