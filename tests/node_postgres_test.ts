@@ -85,7 +85,7 @@ Deno.test("a pg DuplicateJob keeps the client's transaction usable; pool clients
 });
 
 Deno.test("a pg session's NOTIFY arrives at commit, not before", async () => {
-  await withApp("pg_notify", async (app, sql, db) => {
+  await withApp("pg_notify", async (app, _sql, db) => {
     const url = db.url;
     const listener = postgres(url, { max: 1, onnotice: () => {} });
     const client = new pg.Client({ connectionString: url });
