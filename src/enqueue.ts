@@ -107,6 +107,10 @@ export function checkQueueName(
   return queue;
 }
 
+// The SQL functions akadze.enqueue() and enqueue_many() (migrations/0003_sql_enqueue.sql)
+// check the same ranges with the same messages, and leave names, key lengths and the shape of
+// the arguments to the domains of migrations/0001_init.sql: change them together.
+
 /** The smallint range of priorities. */
 export const PRIORITY_MIN = -32768;
 /** The smallint range of priorities. */
