@@ -16,6 +16,7 @@ import {
 import { AkadzeError, DuplicateJob, EnqueueError, MAX_DELAY } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
+import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
 import {
   formatIssues,
   OWN_OUTPUT_ADVICE,
@@ -25,8 +26,13 @@ import {
 
 /** Per-enqueue options, given to `task.using(...)` (never mixed with task arguments). */
 export interface EnqueueOptions {
-  /** Run the INSERT on this connection or transaction (a rollback removes the job). */
-  session?: Sql | TransactionSql;
+  /**
+   * Run the INSERT on this connection or transaction (a rollback removes the job): a
+   * postgres.js instance or transaction, or a node-postgres client
+   * ({@linkcode NodePostgresClient}; not while the app has `onEnqueue` hooks, which take a
+   * postgres.js transaction).
+   */
+  session?: Sql | TransactionSql | NodePostgresClient;
   /** Milliseconds from now (database clock) until the job is ready. */
   delay?: number;
   /** When the job becomes ready. Not with `delay`. */
@@ -106,6 +112,10 @@ export function checkQueueName(
   return queue;
 }
 
+// The SQL functions akadze.enqueue() and enqueue_many() (migrations/0003_sql_enqueue.sql)
+// check the same ranges with the same messages, and leave names, key lengths and the shape of
+// the arguments to the domains of migrations/0001_init.sql: change them together.
+
 /** The smallint range of priorities. */
 export const PRIORITY_MIN = -32768;
 /** The smallint range of priorities. */
@@ -151,6 +161,22 @@ export async function enqueueJobs(
   }
   checkQueueName(base.queue, EnqueueError);
   if (checked.length === 0) return [];
+  if (checked.length > 1 && base.unique_key !== null) {
+    // Each job after the first would find the key held by the first.
+    throw new DuplicateJob(
+      `the ${checked.length} jobs of this batch cannot share uniqueKey ` +
+        `${JSON.stringify(base.unique_key)}: at most one job per key is queued or running; ` +
+        "nothing of this batch was enqueued",
+    );
+  }
+  if (host.hooks.onEnqueue.length > 0 && isNodePostgres(options.session)) {
+    throw new EnqueueError(
+      `cannot enqueue task "${target.name}" on a node-postgres session: this app has ` +
+        "onEnqueue hooks, which run in the enqueue's transaction and take a postgres.js " +
+        "transaction; enqueue on a postgres.js session (app.sql, or a transaction of it) " +
+        "instead; nothing was enqueued",
+    );
+  }
   return await explainMissingSchema(
     host.schema,
     () => insertRows(host, base, checked, texts, options.session),
@@ -224,8 +250,14 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   }
   const uniqueKey = checkKey("uniqueKey", options.uniqueKey);
   const limitKey = checkKey("limitKey", options.limitKey);
-  if (session !== undefined && typeof (session as { unsafe?: unknown }).unsafe !== "function") {
-    throw new EnqueueError("session must be a postgres.js sql instance or transaction");
+  if (
+    session !== undefined && typeof (session as { unsafe?: unknown }).unsafe !== "function" &&
+    !isNodePostgres(session)
+  ) {
+    throw new EnqueueError(
+      "session must be a postgres.js sql instance or transaction, or a node-postgres client " +
+        "(pg.Client, a client from pool.connect(), or pg.Pool)",
+    );
   }
   return {
     task: target.name,
@@ -310,55 +342,61 @@ async function insertRows(
   base: Base,
   argsList: Record<string, unknown>[],
   texts: string[],
-  session: Sql | TransactionSql = host.sql,
+  session: Sql | TransactionSql | NodePostgresClient = host.sql,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
   const one = argsList.length === 1;
-  const unique = base.unique_key !== null;
-  // One statement is atomic on its own; a hook or a batch that may partly collide needs a
-  // transaction (or a savepoint in the caller's) so that failure undoes this enqueue only.
-  const atomic = hooks.length > 0 || (!one && unique);
-  const run = async (tx: Sql | TransactionSql): Promise<string[]> => {
-    const params = [
-      base.task,
-      base.queue,
-      base.priority,
-      // The same text as JSON.stringify of the list: no spaces, elements in order.
-      one ? texts[0] : `[${texts.join(",")}]`,
-      base.max_attempts,
-      base.run_at,
-      base.delay_ms,
-      base.expires_at,
-      base.unique_key,
-      base.limit_key,
-    ];
-    if (host.notify) params.push(jobsChannel(host.schema));
-    const text = insertStatement(host, { one, unique, full: hooks.length > 0 });
-    const inserted = await tx.unsafe(text, params as string[], PREPARED);
+  const params = [
+    base.task,
+    base.queue,
+    base.priority,
+    // The same text as JSON.stringify of the list: no spaces, elements in order.
+    one ? texts[0] : `[${texts.join(",")}]`,
+    base.max_attempts,
+    base.run_at,
+    base.delay_ms,
+    base.expires_at,
+    base.unique_key,
+    base.limit_key,
+  ];
+  if (host.notify) params.push(jobsChannel(host.schema));
+  const text = insertStatement(host, {
+    one,
+    unique: base.unique_key !== null,
+    full: hooks.length > 0,
+  });
+  const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
+    const inserted = isNodePostgres(tx)
+      ? (await tx.query(text, params)).rows as Record<string, unknown>[]
+      : await tx.unsafe(text, params as string[], PREPARED);
+    // A batch never shares a uniqueKey (enqueueJobs refuses it), so only one job can collide.
     if (inserted.length < argsList.length) {
       throw new DuplicateJob(
-        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running` +
-          (one ? "" : "; nothing of this batch was enqueued"),
+        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running`,
       );
     }
     for (const row of inserted) {
       const job: EnqueuedJob = {
-        id: row.id,
+        id: row.id as string,
         task: base.task,
         queue: base.queue,
         priority: base.priority,
         maxAttempts: base.max_attempts,
-        runAt: row.run_at,
-        expiresAt: row.expires_at,
+        runAt: row.run_at as Date,
+        expiresAt: row.expires_at as Date | null,
         uniqueKey: base.unique_key,
         limitKey: base.limit_key,
-        args: row.args,
+        args: row.args as Record<string, unknown>,
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);
     }
     return inserted.map((r) => r.id as string);
   };
-  return atomic ? await atomically(session, run) : await run(session);
+  // One statement is atomic on its own; hooks need a transaction (or a savepoint in the
+  // caller's) so that their failure undoes this enqueue only. Hooks never come with a
+  // node-postgres session (enqueueJobs refuses it).
+  if (hooks.length === 0) return await run(session);
+  return await atomically(session as Sql | TransactionSql, run);
 }
 
 const statements = new Map<string, string>();
