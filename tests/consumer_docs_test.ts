@@ -1,25 +1,38 @@
 // akadze from the outside. tests/consumer/ is a project that depends on @akadze/akadze the
 // way a JSR user's does (its own deno.json and imports; `links` points the JSR package at
 // this checkout, so jsr.io is not contacted). In a copy of it:
-// - the code blocks of README.md and docs/getting-started.md run as written, in order: a
+// - the code blocks of README.md and the docs pages (PAGES) run as written, in order: a
 //   ```ts block that the text saves as a file ("Save this as `app.ts`") is written there,
-//   and every line of a ```sh block runs (```sh ignore and ```ts ignore blocks do not);
+//   and every line of a ```sh block runs. ```sh ignore and ```ts ignore blocks do not run
+//   (each page's test says why); a ```ts block that is not saved is a fragment and must
+//   have a `<!-- prelude: ... -->` (tests/docs_test.ts type-checks it, it does not run);
 // - `deno test -A` runs the project's own test file (tests/consumer/reminders_test.ts),
 //   which uses @akadze/akadze/testing on a throwaway server.
 //
-// The shell lines run as written except for these rewrites (see runLine):
-// - `export AKADZE_DATABASE_URL=<example>` uses a fresh database of the test server instead;
+// The shell lines run as written except for these rewrites (see invocation and runLine):
+// - `AKADZE_DATABASE_URL=<example>` (exported or in front of a command) is a fresh database
+//   of the test server instead; an example URL of `akadze dev` (`.../akadze_dev`) is the URL
+//   the running `akadze dev` printed;
 // - `deno add` leaves out `jsr:@akadze/akadze`: the project already imports it (and links it
 //   here); the rest of the line runs as written;
-// - `deno install -g ... jsr:@akadze/akadze/cli` is not run (it fetches from jsr.io), and the
-//   `akadze` command after it is akadzeCommand's stand-in;
+// - `deno install -g -n akadze <flags> jsr:@akadze/akadze/cli` installs this checkout's
+//   cli.ts with exactly those flags into a temporary root (tests/_install.ts), and later
+//   `akadze ...` lines run that installed command. A page without an install line gets the
+//   command as docs/getting-started.md installs it;
+// - `akadze compile` runs with `--dry-run` (deno compile would download its runtime), and a
+//   later command naming its output (`./worker ...`) runs the entry module with `deno run`,
+//   the compile's flags, `--allow-net=<the test database's host>` instead of the doc's host,
+//   and `--batch`;
 // - a `worker` or `dev` command without `--batch` or `--max-jobs` runs until its work is done
-//   (see untilDone), then gets SIGTERM and must exit 0, as after a Ctrl-C.
+//   (see runLine), then gets SIGTERM and must exit 0, as after a Ctrl-C. When the page's next
+//   command uses the URL `akadze dev` prints, it runs meanwhile (a second shell), and `dev`
+//   runs until it has run every job.
 import postgres from "postgres";
 import { assert, assertEquals } from "./assert.ts";
 import { type Block, extractBlocks } from "./_markdown.ts";
 import { waitFor } from "./_helpers.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
+import { installAkadze, type InstalledAkadze, installedPath } from "./_install.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
 const CONSUMER = `${ROOT}tests/consumer/`;
@@ -35,14 +48,6 @@ function userEnv(): Record<string, string> {
 
 /** How long a long-running command of the docs may take to do its work. */
 const LONG_RUNNING_MS = 90_000;
-
-/**
- * The installed `akadze` command, as the docs' `deno install -g ... jsr:@akadze/akadze/cli`
- * would make it: a stand-in, since that install fetches from jsr.io. Arguments for `deno`.
- */
-function akadzeCommand(args: string[]): string[] {
-  return ["run", "-A", `${ROOT}cli.ts`, ...args];
-}
 
 /**
  * A copy of tests/consumer/ in a temporary directory. Its `links` name this checkout by its
@@ -68,18 +73,36 @@ interface Output {
   stderr: string;
 }
 
+/** A worker binary the page built with `akadze compile` (see compiled). */
+interface Binary {
+  /** `deno run` arguments that run its entry module as the binary would run. */
+  args: string[];
+  /** The temporary directory of the entry module. */
+  dir: string;
+}
+
 /** Where the docs' commands run: the project, the exported variables, the test database. */
 interface Shell {
+  file: string;
   cwd: string;
   env: Record<string, string>;
   database: TestDatabase;
-  /** Whether the docs installed the `akadze` command yet. */
-  installed: boolean;
+  /** The `akadze` command the docs installed, once they did. */
+  akadze?: InstalledAkadze;
+  /** Whether the page has its own install line (then `akadze` before it is an error). */
+  installsAkadze: boolean;
+  /** The worker binaries the page built, by the path it gave (`-o`). */
+  binaries: Map<string, Binary>;
   /** The ts files the page saved, by name. */
   saved: Map<string, string>;
+  /** What ran, for the report: blocks run, type-checked only, ignored. */
+  counts: { ran: number; checked: number; ignored: number };
 }
 
 const decoder = new TextDecoder();
+const INSTALL_SPEC = "jsr:@akadze/akadze/cli";
+/** A URL `akadze dev` prints (the docs show one of these as an example). */
+const DEV_URL = /^postgres:\/\/postgres@127\.0\.0\.1:\d+\/akadze_dev$/;
 
 /** The commands of a ```sh block: continuations joined, comments and blank lines dropped. */
 function shellCommands(code: string, where: string): string[][] {
@@ -94,29 +117,38 @@ function shellCommands(code: string, where: string): string[][] {
     });
 }
 
-/** The akadze subcommand of `deno run ... <cli> SUB ...` or `akadze SUB ...`, if any. */
-function subcommand(args: string[]): string | undefined {
-  const cli = args.findIndex((a) => a === "jsr:@akadze/akadze/cli" || a.endsWith("/cli.ts"));
-  return cli >= 0 ? args[cli + 1] : undefined;
+/** The permission flags of a `deno install -g -n akadze <flags> jsr:@akadze/akadze/cli` line. */
+function installFlags(args: string[]): string[] {
+  const flags: string[] = [];
+  for (let i = 1; i < args.length; i++) {
+    const arg = args[i];
+    if (arg === "-g" || arg === "--global" || arg === "-f" || arg === INSTALL_SPEC) continue;
+    if (arg === "-n" || arg === "--name") {
+      assertEquals(args[++i], "akadze", "the docs install the command as `akadze`");
+      continue;
+    }
+    flags.push(arg);
+  }
+  return flags;
 }
 
-/**
- * When a long-running command has done its work: for `worker`, every job of the database is
- * done and at least one succeeded; for `dev` (its own database), a job succeeded when the
- * page's app has a schedule, else the worker started.
- */
-async function untilDone(
-  shell: Shell,
-  sub: string,
-  stderr: () => string,
-): Promise<void> {
-  if (sub === "dev") {
-    const periodic = [...shell.saved.values()].some((code) => code.includes(".periodic("));
-    const done = periodic ? /job \S+ succeeded/ : /worker \S+ started/;
-    await waitFor(() => done.test(stderr()), `akadze dev: ${done}`, LONG_RUNNING_MS);
-    return;
+/** The install line of docs/getting-started.md: how the other pages' `akadze` is installed. */
+async function gettingStartedInstall(): Promise<string[]> {
+  const file = "docs/getting-started.md";
+  for (const block of extractBlocks(file, await Deno.readTextFile(`${ROOT}${file}`))) {
+    if (block.lang !== "sh" || block.ignored) continue;
+    for (const line of shellCommands(block.code, file)) {
+      if (line[0] === "deno" && line[1] === "install" && line.includes(INSTALL_SPEC)) {
+        return installFlags(line.slice(1));
+      }
+    }
   }
-  const sql = postgres(shell.env.AKADZE_DATABASE_URL, { max: 1, onnotice: () => {} });
+  throw new Error(`${file} has no \`deno install ... ${INSTALL_SPEC}\` line`);
+}
+
+/** Until every job of the database is done and at least one succeeded. */
+async function untilJobsDone(url: string, what: string): Promise<void> {
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
   try {
     await waitFor(
       async () => {
@@ -126,7 +158,7 @@ async function untilDone(
           from akadze.jobs`;
         return open === 0 && succeeded > 0;
       },
-      "the worker to run every job",
+      what,
       LONG_RUNNING_MS,
     );
   } finally {
@@ -134,43 +166,157 @@ async function untilDone(
   }
 }
 
-/** Run one command of the docs (see the rewrites in this file's header). */
-async function runLine(shell: Shell, line: string[], where: string): Promise<void> {
-  const words = [...line];
-  const env = { ...shell.env };
-  const assign = (name: string, value: string, into: Record<string, string>) => {
-    into[name] = name === "AKADZE_DATABASE_URL" ? shell.database.url : value;
+/** A command that runs until it is stopped, its output collected as it comes. */
+interface LongRunning {
+  stderr(): string;
+  /** Rejects when the command exits by itself. */
+  exited: Promise<never>;
+  /** SIGTERM it (as a Ctrl-C would stop it) and wait for its end. */
+  stop(): Promise<Output>;
+}
+
+function spawnLong(command: Deno.Command, where: string, line: string): LongRunning {
+  const child = command.spawn();
+  let stdout = "";
+  let stderr = "";
+  const collect = async (stream: ReadableStream<Uint8Array>, add: (s: string) => void) => {
+    for await (const chunk of stream) add(decoder.decode(chunk, { stream: true }));
   };
-  if (words[0] === "export") {
-    for (const word of words.slice(1)) {
-      const [name, ...value] = word.split("=");
-      assign(name, value.join("="), shell.env);
-    }
-    return;
+  const reading = Promise.all([
+    collect(child.stdout, (s) => stdout += s),
+    collect(child.stderr, (s) => stderr += s),
+  ]);
+  let done = false;
+  const status = child.status.finally(() => done = true);
+  const exited = status.then(() => {
+    throw new Error(`${where}: ${line} exited early:\n${stderr}`);
+  });
+  exited.catch(() => {}); // observed by whoever races it
+  return {
+    stderr: () => stderr,
+    exited,
+    stop: async () => {
+      if (!done) child.kill("SIGTERM");
+      const { code } = await status;
+      await reading;
+      return { code, stdout, stderr };
+    },
+  };
+}
+
+/** The worker binary a `./worker`-like command names, if the page built it. */
+function binaryOf(shell: Shell, word: string): Binary | undefined {
+  return shell.binaries.get(word) ?? shell.binaries.get(word.replace(/^\.\//, ""));
+}
+
+/**
+ * `akadze compile ... --dry-run`: the entry module and the `deno compile` command it would
+ * run, turned into the `deno run` command that runs the entry the same way (`--output` and
+ * `--target` are compile-only; `--allow-net=<host>` names the test database's host).
+ */
+function compiled(shell: Shell, out: Output, where: string): Binary {
+  const entry = /entry module written to (\S+)/.exec(out.stderr)?.[1];
+  assert(entry, `${where}: akadze compile --dry-run wrote no entry module:\n${out.stderr}`);
+  const words = out.stdout.trim().split(" ").map((w) => w.replace(/^'(.*)'$/, "$1"));
+  assertEquals(words.slice(0, 2), [Deno.execPath(), "compile"], out.stdout);
+  const db = new URL(shell.database.url);
+  const args = ["run"];
+  for (let i = 2; i < words.length; i++) {
+    const word = words[i];
+    if (word === "--output" || word === "-o" || word === "--target") i++;
+    else if (word.startsWith("--allow-net=")) args.push(`--allow-net=${db.host}`);
+    else args.push(word);
   }
-  while (/^[A-Z_][A-Z0-9_]*=/.test(words[0])) {
-    const [name, ...value] = words.shift()!.split("=");
-    assign(name, value.join("="), env);
-  }
-  let args: string[];
+  assertEquals(args.at(-1), entry, out.stdout);
+  return { args, dir: entry.replace(/\/[^/]+$/, "") };
+}
+
+/** What a line runs: the executable, its arguments, and the akadze subcommand. */
+interface Invocation {
+  cmd: string;
+  args: string[];
+  sub?: string;
+}
+
+/** Turn one command of the docs into what runs here (see the rewrites in this file's header). */
+async function invocation(
+  shell: Shell,
+  words: string[],
+  where: string,
+): Promise<Invocation | undefined> {
   if (words[0] === "deno") {
-    args = words.slice(1);
+    let args = words.slice(1);
     if (args[0] === "add") {
       args = args.filter((a) => a !== "jsr:@akadze/akadze");
-      if (args.length === 1) return;
-    } else if (args[0] === "install" && args.includes("jsr:@akadze/akadze/cli")) {
-      shell.installed = true;
-      return;
+      return args.length === 1 ? undefined : { cmd: Deno.execPath(), args };
     }
-  } else if (words[0] === "akadze") {
-    assert(shell.installed, `${where}: \`akadze\` is used before the page installs it`);
-    args = akadzeCommand(words.slice(1));
-  } else {
-    throw new Error(`${where}: \`${words[0]}\` cannot run here; mark the block \`\`\`sh ignore`);
+    if (args[0] === "install" && args.includes(INSTALL_SPEC)) {
+      await shell.akadze?.remove();
+      shell.akadze = await installAkadze(installFlags(args));
+      return undefined;
+    }
+    const cli = args.findIndex((a) => a === INSTALL_SPEC);
+    return { cmd: Deno.execPath(), args, sub: cli >= 0 ? args[cli + 1] : undefined };
   }
+  if (words[0] === "akadze") {
+    if (!shell.akadze) {
+      assert(!shell.installsAkadze, `${where}: \`akadze\` is used before the page installs it`);
+      shell.akadze = await installAkadze(await gettingStartedInstall());
+    }
+    const args = words.slice(1);
+    if (args[0] === "compile") {
+      args.splice(args.includes("--") ? args.indexOf("--") : args.length, 0, "--dry-run");
+    }
+    return { cmd: shell.akadze.path, args, sub: args[0] };
+  }
+  const binary = binaryOf(shell, words[0]);
+  if (binary) {
+    return { cmd: Deno.execPath(), args: [...binary.args, ...words.slice(1), "--batch"] };
+  }
+  throw new Error(`${where}: \`${words[0]}\` cannot run here; mark the block \`\`\`sh ignore`);
+}
 
-  const command = new Deno.Command(Deno.execPath(), {
-    args,
+/** The `NAME=value` words in front of a command, applied to `env`; the rest of the words. */
+function assignments(
+  shell: Shell,
+  line: string[],
+  env: Record<string, string>,
+  devUrl?: string,
+): string[] {
+  const words = [...line];
+  while (/^[A-Z_][A-Z0-9_]*=/.test(words[0] ?? "")) {
+    const [name, ...rest] = words.shift()!.split("=");
+    const value = rest.join("=");
+    if (name !== "AKADZE_DATABASE_URL") env[name] = value;
+    else if (DEV_URL.test(value)) {
+      assert(devUrl, `${shell.file}: ${value} names an \`akadze dev\` database, but none runs`);
+      env[name] = devUrl;
+    } else env[name] = shell.database.url;
+  }
+  return words;
+}
+
+/**
+ * Run one command of the docs (see the rewrites in this file's header); `next` is the
+ * page's next command, which a long-running `akadze dev` may run beside it. Returns whether
+ * it ran `next` too.
+ */
+async function runLine(
+  shell: Shell,
+  line: string[],
+  where: string,
+  next?: { line: string[]; where: string },
+): Promise<boolean> {
+  if (line[0] === "export") {
+    assignments(shell, line.slice(1), shell.env);
+    return false;
+  }
+  const env: Record<string, string> = { ...shell.env, PATH: installedPath() };
+  const words = assignments(shell, line, env);
+  const run = await invocation(shell, words, where);
+  if (!run) return false;
+  const command = new Deno.Command(run.cmd, {
+    args: run.args,
     cwd: shell.cwd,
     env,
     clearEnv: true,
@@ -178,36 +324,64 @@ async function runLine(shell: Shell, line: string[], where: string): Promise<voi
     stdout: "piped",
     stderr: "piped",
   });
-  const sub = subcommand(args);
-  const longRunning = (sub === "worker" || sub === "dev") &&
-    !args.includes("--batch") && !args.includes("--max-jobs");
+  const text = line.join(" ");
+  const longRunning = (run.sub === "worker" || run.sub === "dev") &&
+    !run.args.includes("--batch") && !run.args.includes("--max-jobs");
   let out: Output;
+  let ranNext = false;
   if (longRunning) {
-    const child = command.spawn();
-    let stdout = "";
-    let stderr = "";
-    const collect = async (stream: ReadableStream<Uint8Array>, add: (s: string) => void) => {
-      for await (const chunk of stream) add(decoder.decode(chunk, { stream: true }));
-    };
-    const reading = Promise.all([
-      collect(child.stdout, (s) => stdout += s),
-      collect(child.stderr, (s) => stderr += s),
-    ]);
-    let exited = false;
-    const status = child.status.finally(() => exited = true);
+    const proc = spawnLong(command, where, text);
     try {
-      await Promise.race([
-        untilDone(shell, sub, () => stderr),
-        status.then(() => {
-          throw new Error(`${where}: ${line.join(" ")} exited early:\n${stderr}`);
-        }),
-      ]);
+      if (run.sub === "worker") {
+        await Promise.race([
+          untilJobsDone(env.AKADZE_DATABASE_URL, `${where}: the worker to run every job`),
+          proc.exited,
+        ]);
+      } else if (next?.line.some((w) => DEV_URL.test(w.replace(/^AKADZE_DATABASE_URL=/, "")))) {
+        // The page's next command runs in a second shell against the printed URL.
+        const url: string = await Promise.race([
+          waitFor(
+            () => /^AKADZE_DATABASE_URL=(\S+)$/m.exec(proc.stderr())?.[1] ?? "",
+            `${where}: the URL line of akadze dev`,
+            LONG_RUNNING_MS,
+          ),
+          proc.exited,
+        ]);
+        const nextEnv: Record<string, string> = { ...shell.env, PATH: installedPath() };
+        const nextWords = assignments(shell, next.line, nextEnv, url);
+        const nextRun = await invocation(shell, nextWords, next.where);
+        assert(nextRun, `${next.where}: runs nothing`);
+        const result = await new Deno.Command(nextRun.cmd, {
+          args: nextRun.args,
+          cwd: shell.cwd,
+          env: nextEnv,
+          clearEnv: true,
+          stdin: "null",
+          stdout: "piped",
+          stderr: "piped",
+        }).output();
+        assertEquals(
+          result.code,
+          0,
+          `${next.where}: ${next.line.join(" ")} exited ${result.code}:\n` +
+            decoder.decode(result.stdout) + decoder.decode(result.stderr),
+        );
+        ranNext = true;
+        await Promise.race([
+          untilJobsDone(url, `${where}: akadze dev to run the enqueued jobs`),
+          proc.exited,
+        ]);
+      } else {
+        const periodic = [...shell.saved.values()].some((code) => code.includes(".periodic("));
+        const done = periodic ? /job \S+ succeeded/ : /worker \S+ started/;
+        await Promise.race([
+          waitFor(() => done.test(proc.stderr()), `${where}: akadze dev: ${done}`, LONG_RUNNING_MS),
+          proc.exited,
+        ]);
+      }
     } finally {
-      if (!exited) child.kill("SIGTERM");
+      out = await proc.stop();
     }
-    const { code } = await status;
-    await reading;
-    out = { code, stdout, stderr };
   } else {
     const result = await command.output();
     out = {
@@ -216,39 +390,72 @@ async function runLine(shell: Shell, line: string[], where: string): Promise<voi
       stderr: decoder.decode(result.stderr),
     };
   }
-  assertEquals(
-    out.code,
-    0,
-    `${where}: ${line.join(" ")} exited ${out.code}:\n${out.stdout}${out.stderr}`,
-  );
+  assertEquals(out.code, 0, `${where}: ${text} exited ${out.code}:\n${out.stdout}${out.stderr}`);
+  if (run.sub === "compile") {
+    const output = run.args[run.args.indexOf("-o") + 1];
+    assert(run.args.includes("-o"), `${where}: name the binary with -o`);
+    shell.binaries.set(output, compiled(shell, out, where));
+  }
+  return ranNext;
 }
 
 /** Run a page's blocks in order in a fresh copy of the consumer project. */
 async function runPage(file: string): Promise<Shell> {
-  const blocks = extractBlocks(file, await Deno.readTextFile(`${ROOT}${file}`));
+  const markdown = await Deno.readTextFile(`${ROOT}${file}`);
+  const blocks = extractBlocks(file, markdown);
   const cwd = await consumerProject();
   const database = await createTestDatabase({ name: file });
   const shell: Shell = {
+    file,
     cwd,
     env: userEnv(),
     database,
-    installed: false,
+    installsAkadze: blocks.some((b) =>
+      b.lang === "sh" && !b.ignored && /deno install .*jsr:@akadze\/akadze\/cli/.test(b.code)
+    ),
+    binaries: new Map(),
     saved: new Map(),
+    counts: { ran: 0, checked: 0, ignored: 0 },
   };
+  // The page's steps in order: a ts file to save, or a command.
+  const steps: ({ save: string; code: string } | { line: string[]; where: string })[] = [];
+  for (const block of blocks) {
+    const where = `${file}:${block.line}`;
+    if (block.lang !== "ts" && block.lang !== "sh") continue;
+    if (block.ignored) {
+      shell.counts.ignored++;
+    } else if (block.lang === "ts" && !block.saveAs) {
+      // A fragment: what it takes as given is its prelude, and docs_test.ts type-checks it.
+      assert(block.prelude, `${where}: say where to save this sample, or give it a prelude`);
+      shell.counts.checked++;
+    } else if (block.lang === "ts") {
+      shell.counts.ran++;
+      steps.push({ save: block.saveAs!, code: block.code });
+    } else {
+      shell.counts.ran++;
+      for (const line of shellCommands(block.code, where)) steps.push({ line, where });
+    }
+  }
   try {
-    for (const block of blocks.filter((b: Block) => !b.ignored)) {
-      const where = `${file}:${block.line}`;
-      if (block.lang === "ts") {
-        assert(block.saveAs, `${where}: say where to save this sample, or mark it \`\`\`ts ignore`);
-        await Deno.writeTextFile(`${cwd}/${block.saveAs}`, `${block.code}\n`);
-        shell.saved.set(block.saveAs, block.code);
-      } else if (block.lang === "sh") {
-        for (const line of shellCommands(block.code, where)) await runLine(shell, line, where);
+    for (let i = 0; i < steps.length; i++) {
+      const step = steps[i];
+      if ("save" in step) {
+        await Deno.writeTextFile(`${cwd}/${step.save}`, `${step.code}\n`);
+        shell.saved.set(step.save, step.code);
+        continue;
+      }
+      const next = steps[i + 1];
+      if (await runLine(shell, step.line, step.where, next && "line" in next ? next : undefined)) {
+        i++;
       }
     }
     return shell;
   } finally {
     await database.close();
+    await shell.akadze?.remove();
+    for (const binary of shell.binaries.values()) {
+      await Deno.remove(binary.dir, { recursive: true }).catch(() => {});
+    }
     await Deno.remove(cwd, { recursive: true });
   }
 }
@@ -260,7 +467,8 @@ Deno.test("the README's samples run as written in a project that depends on akad
 
 Deno.test("docs/getting-started.md runs as written in a project that depends on akadze", async () => {
   const shell = await runPage("docs/getting-started.md");
-  assert(shell.installed, "docs/getting-started.md installs no akadze command");
+  assert(shell.akadze, "docs/getting-started.md installs no akadze command");
+  assert(shell.binaries.size > 0, "docs/getting-started.md builds no worker binary");
 });
 
 Deno.test("a dependent project's own test of its tasks passes with deno test", async () => {
