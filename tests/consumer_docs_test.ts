@@ -32,6 +32,7 @@ import { assert, assertEquals } from "./assert.ts";
 import { type Block, extractBlocks } from "./_markdown.ts";
 import { waitFor } from "./_helpers.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
+import { migrate } from "../mod.ts";
 import { installAkadze, type InstalledAkadze, installedPath } from "./_install.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
@@ -146,6 +147,20 @@ async function gettingStartedInstall(): Promise<string[]> {
   throw new Error(`${file} has no \`deno install ... ${INSTALL_SPEC}\` line`);
 }
 
+/** What a worker logs once it runs. */
+const STARTED = /worker \S+ started/;
+
+/** How many jobs the database has. */
+async function jobCount(url: string): Promise<number> {
+  const sql = postgres(url, { max: 1, onnotice: () => {} });
+  try {
+    const [{ n }] = await sql`select count(*)::int as n from akadze.jobs`;
+    return n;
+  } finally {
+    await sql.end({ timeout: 1 });
+  }
+}
+
 /** Until every job of the database is done and at least one succeeded. */
 async function untilJobsDone(url: string, what: string): Promise<void> {
   const sql = postgres(url, { max: 1, onnotice: () => {} });
@@ -256,6 +271,10 @@ async function invocation(
       return undefined;
     }
     const cli = args.findIndex((a) => a === INSTALL_SPEC);
+    const db = new URL(shell.database.url).host;
+    args = args.map((a, i) =>
+      (cli < 0 || i < cli) && a.startsWith("--allow-net=") ? `--allow-net=${db}` : a
+    );
     return { cmd: Deno.execPath(), args, sub: cli >= 0 ? args[cli + 1] : undefined };
   }
   if (words[0] === "akadze") {
@@ -332,17 +351,26 @@ async function runLine(
   if (longRunning) {
     const proc = spawnLong(command, where, text);
     try {
-      if (run.sub === "worker") {
+      if (run.sub === "worker" && await jobCount(env.AKADZE_DATABASE_URL) > 0) {
         await Promise.race([
           untilJobsDone(env.AKADZE_DATABASE_URL, `${where}: the worker to run every job`),
           proc.exited,
         ]);
+      } else if (run.sub === "worker") {
+        await Promise.race([
+          waitFor(() => STARTED.test(proc.stderr()), `${where}: ${STARTED}`, LONG_RUNNING_MS),
+          proc.exited,
+        ]);
       } else if (next?.line.some((w) => DEV_URL.test(w.replace(/^AKADZE_DATABASE_URL=/, "")))) {
-        // The page's next command runs in a second shell against the printed URL.
+        // The page's next command runs in a second shell against the printed URL, once the
+        // dev worker runs (the URL is printed before the schema is migrated).
         const url: string = await Promise.race([
           waitFor(
-            () => /^AKADZE_DATABASE_URL=(\S+)$/m.exec(proc.stderr())?.[1] ?? "",
-            `${where}: the URL line of akadze dev`,
+            () =>
+              STARTED.test(proc.stderr())
+                ? /^AKADZE_DATABASE_URL=(\S+)$/m.exec(proc.stderr())?.[1] ?? ""
+                : "",
+            `${where}: the URL line of akadze dev and its worker`,
             LONG_RUNNING_MS,
           ),
           proc.exited,
@@ -373,7 +401,7 @@ async function runLine(
         ]);
       } else {
         const periodic = [...shell.saved.values()].some((code) => code.includes(".periodic("));
-        const done = periodic ? /job \S+ succeeded/ : /worker \S+ started/;
+        const done = periodic ? /job \S+ succeeded/ : STARTED;
         await Promise.race([
           waitFor(() => done.test(proc.stderr()), `${where}: akadze dev: ${done}`, LONG_RUNNING_MS),
           proc.exited,
@@ -399,8 +427,80 @@ async function runLine(
   return ranNext;
 }
 
+/** A page whose samples run, and why each of its ignored blocks cannot run here. */
+interface Page {
+  file: string;
+  /**
+   * Where a user starts: from nothing (the install pages), or where docs/getting-started.md
+   * leaves them: its `app.ts` saved, `AKADZE_DATABASE_URL` exported and migrated, the
+   * `akadze` command installed (on first use).
+   */
+  start: "fresh" | "after getting started";
+  /** The ignored blocks, by their first line, with the reason. */
+  ignored: Record<string, string>;
+}
+
+const PAGES: Page[] = [
+  {
+    file: "README.md",
+    start: "fresh",
+    ignored: { "deno task demo": "runs in a checkout of akadze, not in a dependent project" },
+  },
+  {
+    file: "docs/getting-started.md",
+    start: "fresh",
+    ignored: { "sha256sum -c SHA256SUMS --ignore-missing": "a release's downloaded binaries" },
+  },
+  { file: "docs/tasks-and-enqueue.md", start: "after getting started", ignored: {} },
+  { file: "docs/worker.md", start: "after getting started", ignored: {} },
+  { file: "docs/schedules.md", start: "after getting started", ignored: {} },
+  { file: "docs/limits.md", start: "after getting started", ignored: {} },
+  { file: "docs/testing.md", start: "after getting started", ignored: {} },
+  { file: "docs/metrics.md", start: "after getting started", ignored: {} },
+  {
+    file: "docs/operating.md",
+    start: "after getting started",
+    ignored: { "akadze jobs show 42": "job ids of a running system (`jobs list` shows them)" },
+  },
+  {
+    file: "docs/production.md",
+    start: "after getting started",
+    ignored: {
+      "deno run --allow-net=db.internal:5432 --allow-env=AKADZE_*,PG* --allow-sys=hostname \\":
+        "the paths of a production host (/srv/app, /run/akadze)",
+      "sudo systemctl enable --now akadze-worker": "systemd on a production host",
+      "deno run --allow-read=/run/akadze jsr:@akadze/akadze/cli health \\":
+        "the heartbeat files of a production host's workers",
+    },
+  },
+  { file: "docs/celery.md", start: "after getting started", ignored: {} },
+  {
+    file: "docs/reliability.md",
+    start: "after getting started",
+    ignored: {
+      "deno task chaos [--jobs N] [--workers K] [--minutes M] [--seed S]":
+        "the soak runs in a checkout of akadze, for minutes",
+      "deno task chaos --jobs 600 --workers 3 --minutes 1.5 --seed 1":
+        "the soak runs in a checkout of akadze, for minutes",
+    },
+  },
+];
+
+/** The state docs/getting-started.md leaves a user in (see Page.start). */
+async function afterGettingStarted(shell: Shell): Promise<void> {
+  const file = "docs/getting-started.md";
+  const app = extractBlocks(file, await Deno.readTextFile(`${ROOT}${file}`))
+    .find((b) => b.saveAs === "app.ts");
+  assert(app, `${file} saves no app.ts`);
+  await Deno.writeTextFile(`${shell.cwd}/app.ts`, `${app.code}\n`);
+  shell.saved.set("app.ts", app.code);
+  shell.env.AKADZE_DATABASE_URL = shell.database.url;
+  await migrate(shell.database.url);
+}
+
 /** Run a page's blocks in order in a fresh copy of the consumer project. */
-async function runPage(file: string): Promise<Shell> {
+async function runPage(page: Page): Promise<Shell> {
+  const { file } = page;
   const markdown = await Deno.readTextFile(`${ROOT}${file}`);
   const blocks = extractBlocks(file, markdown);
   const cwd = await consumerProject();
@@ -419,10 +519,14 @@ async function runPage(file: string): Promise<Shell> {
   };
   // The page's steps in order: a ts file to save, or a command.
   const steps: ({ save: string; code: string } | { line: string[]; where: string })[] = [];
+  const ignored = new Set<string>();
   for (const block of blocks) {
     const where = `${file}:${block.line}`;
     if (block.lang !== "ts" && block.lang !== "sh") continue;
     if (block.ignored) {
+      const first = block.code.split("\n")[0].replace(/(^|\s)#.*$/, "").trim();
+      assert(page.ignored[first], `${where}: say in PAGES why this block cannot run`);
+      ignored.add(first);
       shell.counts.ignored++;
     } else if (block.lang === "ts" && !block.saveAs) {
       // A fragment: what it takes as given is its prelude, and docs_test.ts type-checks it.
@@ -436,7 +540,11 @@ async function runPage(file: string): Promise<Shell> {
       for (const line of shellCommands(block.code, where)) steps.push({ line, where });
     }
   }
+  for (const first of Object.keys(page.ignored)) {
+    assert(ignored.has(first), `${file}: no ignored block starts with ${first}`);
+  }
   try {
+    if (page.start === "after getting started") await afterGettingStarted(shell);
     for (let i = 0; i < steps.length; i++) {
       const step = steps[i];
       if ("save" in step) {
@@ -460,15 +568,37 @@ async function runPage(file: string): Promise<Shell> {
   }
 }
 
+/** The page of PAGES for `file`. */
+function page(file: string): Page {
+  const found = PAGES.find((p) => p.file === file);
+  assert(found, `${file} is not in PAGES`);
+  return found;
+}
+
 Deno.test("the README's samples run as written in a project that depends on akadze", async () => {
-  const shell = await runPage("README.md");
+  const shell = await runPage(page("README.md"));
   assert(shell.saved.has("app.ts"), "the README saves no app.ts");
 });
 
 Deno.test("docs/getting-started.md runs as written in a project that depends on akadze", async () => {
-  const shell = await runPage("docs/getting-started.md");
+  const shell = await runPage(page("docs/getting-started.md"));
   assert(shell.akadze, "docs/getting-started.md installs no akadze command");
   assert(shell.binaries.size > 0, "docs/getting-started.md builds no worker binary");
+});
+
+for (const { file } of PAGES.filter((p) => p.start !== "fresh")) {
+  Deno.test(`${file} runs as written after getting started`, async () => {
+    await runPage(page(file));
+  });
+}
+
+Deno.test("every page of docs/ with code blocks is in PAGES", async () => {
+  for await (const entry of Deno.readDir(`${ROOT}docs`)) {
+    const file = `docs/${entry.name}`;
+    if (!entry.name.endsWith(".md")) continue;
+    const blocks = extractBlocks(file, await Deno.readTextFile(`${ROOT}${file}`));
+    if (blocks.some((b) => b.lang === "ts" || b.lang === "sh")) page(file);
+  }
 });
 
 Deno.test("a dependent project's own test of its tasks passes with deno test", async () => {
