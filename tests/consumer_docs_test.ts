@@ -29,7 +29,7 @@
 //   runs until it has run every job.
 import postgres from "postgres";
 import { assert, assertEquals } from "./assert.ts";
-import { type Block, extractBlocks } from "./_markdown.ts";
+import { extractBlocks } from "./_markdown.ts";
 import { waitFor } from "./_helpers.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
 import { migrate } from "../mod.ts";
@@ -96,8 +96,6 @@ interface Shell {
   binaries: Map<string, Binary>;
   /** The ts files the page saved, by name. */
   saved: Map<string, string>;
-  /** What ran, for the report: blocks run, type-checked only, ignored. */
-  counts: { ran: number; checked: number; ignored: number };
 }
 
 const decoder = new TextDecoder();
@@ -515,7 +513,6 @@ async function runPage(page: Page): Promise<Shell> {
     ),
     binaries: new Map(),
     saved: new Map(),
-    counts: { ran: 0, checked: 0, ignored: 0 },
   };
   // The page's steps in order: a ts file to save, or a command.
   const steps: ({ save: string; code: string } | { line: string[]; where: string })[] = [];
@@ -527,16 +524,12 @@ async function runPage(page: Page): Promise<Shell> {
       const first = block.code.split("\n")[0].replace(/(^|\s)#.*$/, "").trim();
       assert(page.ignored[first], `${where}: say in PAGES why this block cannot run`);
       ignored.add(first);
-      shell.counts.ignored++;
     } else if (block.lang === "ts" && !block.saveAs) {
       // A fragment: what it takes as given is its prelude, and docs_test.ts type-checks it.
       assert(block.prelude, `${where}: say where to save this sample, or give it a prelude`);
-      shell.counts.checked++;
     } else if (block.lang === "ts") {
-      shell.counts.ran++;
       steps.push({ save: block.saveAs!, code: block.code });
     } else {
-      shell.counts.ran++;
       for (const line of shellCommands(block.code, where)) steps.push({ line, where });
     }
   }
