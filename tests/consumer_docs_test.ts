@@ -4,15 +4,18 @@
 // - the code blocks of README.md and the docs pages (PAGES) run as written, in order: a
 //   ```ts block that the text saves as a file ("Save this as `app.ts`") is written there,
 //   and every line of a ```sh block runs. ```sh ignore and ```ts ignore blocks do not run
-//   (each page's test says why); a ```ts block that is not saved is a fragment and must
-//   have a `<!-- prelude: ... -->` (tests/docs_test.ts type-checks it, it does not run);
+//   (PAGES says why); a ```ts block that is not saved is a fragment and must have a
+//   `<!-- prelude: ... -->` (tests/docs_test.ts type-checks it, it does not run). README.md
+//   and docs/getting-started.md start from the bare project, the other pages where getting
+//   started leaves a user: its app.ts saved, AKADZE_DATABASE_URL exported and migrated;
 // - `deno test -A` runs the project's own test file (tests/consumer/reminders_test.ts),
 //   which uses @akadze/akadze/testing on a throwaway server.
 //
 // The shell lines run as written except for these rewrites (see invocation and runLine):
-// - `AKADZE_DATABASE_URL=<example>` (exported or in front of a command) is a fresh database
-//   of the test server instead; an example URL of `akadze dev` (`.../akadze_dev`) is the URL
-//   the running `akadze dev` printed;
+// - `AKADZE_DATABASE_URL=<example>` (exported or in front of a command) is the page's fresh
+//   database of the test server instead, and a `deno run --allow-net=<host>` names that
+//   database's host; an example URL of `akadze dev` (`.../akadze_dev`) is the URL the
+//   running `akadze dev` printed;
 // - `deno add` leaves out `jsr:@akadze/akadze`: the project already imports it (and links it
 //   here); the rest of the line runs as written;
 // - `deno install -g -n akadze <flags> jsr:@akadze/akadze/cli` installs this checkout's
@@ -25,8 +28,9 @@
 //   and `--batch`;
 // - a `worker` or `dev` command without `--batch` or `--max-jobs` runs until its work is done
 //   (see runLine), then gets SIGTERM and must exit 0, as after a Ctrl-C. When the page's next
-//   command uses the URL `akadze dev` prints, it runs meanwhile (a second shell), and `dev`
-//   runs until it has run every job.
+//   command uses the URL `akadze dev` prints, it runs meanwhile (a second shell) once the dev
+//   worker has started, and `dev` runs until it has run every job. A `worker` on a database
+//   without jobs runs until it has started.
 import postgres from "postgres";
 import { assert, assertEquals } from "./assert.ts";
 import { extractBlocks } from "./_markdown.ts";
@@ -193,7 +197,7 @@ function spawnLong(command: Deno.Command, where: string, line: string): LongRunn
   let stdout = "";
   let stderr = "";
   const collect = async (stream: ReadableStream<Uint8Array>, add: (s: string) => void) => {
-    for await (const chunk of stream) add(decoder.decode(chunk, { stream: true }));
+    for await (const text of stream.pipeThrough(new TextDecoderStream())) add(text);
   };
   const reading = Promise.all([
     collect(child.stdout, (s) => stdout += s),
@@ -202,7 +206,7 @@ function spawnLong(command: Deno.Command, where: string, line: string): LongRunn
   let done = false;
   const status = child.status.finally(() => done = true);
   const exited = status.then(() => {
-    throw new Error(`${where}: ${line} exited early:\n${stderr}`);
+    throw new Error(`${where}: ${line} exited early`); // runLine adds its stderr
   });
   exited.catch(() => {}); // observed by whoever races it
   return {
@@ -313,6 +317,52 @@ function assignments(
   return words;
 }
 
+/** A command of the docs, ready to run: what it runs and in which environment. */
+interface Prepared {
+  run: Invocation;
+  env: Record<string, string>;
+  command: Deno.Command;
+}
+
+/** Prepare one command line (`devUrl`: the URL a running `akadze dev` printed). */
+async function prepare(
+  shell: Shell,
+  line: string[],
+  where: string,
+  devUrl?: string,
+): Promise<Prepared | undefined> {
+  const env: Record<string, string> = { ...shell.env, PATH: installedPath() };
+  const run = await invocation(shell, assignments(shell, line, env, devUrl), where);
+  if (!run) return undefined;
+  const command = new Deno.Command(run.cmd, {
+    args: run.args,
+    cwd: shell.cwd,
+    env,
+    clearEnv: true,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  });
+  return { run, env, command };
+}
+
+async function runToEnd(command: Deno.Command): Promise<Output> {
+  const result = await command.output();
+  return {
+    code: result.code,
+    stdout: decoder.decode(result.stdout),
+    stderr: decoder.decode(result.stderr),
+  };
+}
+
+function assertSucceeded(out: Output, where: string, line: string[]): void {
+  assertEquals(
+    out.code,
+    0,
+    `${where}: ${line.join(" ")} exited ${out.code}:\n${out.stdout}${out.stderr}`,
+  );
+}
+
 /**
  * Run one command of the docs (see the rewrites in this file's header); `next` is the
  * page's next command, which a long-running `akadze dev` may run beside it. Returns whether
@@ -328,100 +378,53 @@ async function runLine(
     assignments(shell, line.slice(1), shell.env);
     return false;
   }
-  const env: Record<string, string> = { ...shell.env, PATH: installedPath() };
-  const words = assignments(shell, line, env);
-  const run = await invocation(shell, words, where);
-  if (!run) return false;
-  const command = new Deno.Command(run.cmd, {
-    args: run.args,
-    cwd: shell.cwd,
-    env,
-    clearEnv: true,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  });
-  const text = line.join(" ");
+  const prepared = await prepare(shell, line, where);
+  if (!prepared) return false;
+  const { run, env, command } = prepared;
   const longRunning = (run.sub === "worker" || run.sub === "dev") &&
     !run.args.includes("--batch") && !run.args.includes("--max-jobs");
-  let out: Output;
-  let ranNext = false;
-  if (longRunning) {
-    const proc = spawnLong(command, where, text);
-    try {
-      if (run.sub === "worker" && await jobCount(env.AKADZE_DATABASE_URL) > 0) {
-        await Promise.race([
-          untilJobsDone(env.AKADZE_DATABASE_URL, `${where}: the worker to run every job`),
-          proc.exited,
-        ]);
-      } else if (run.sub === "worker") {
-        await Promise.race([
-          waitFor(() => STARTED.test(proc.stderr()), `${where}: ${STARTED}`, LONG_RUNNING_MS),
-          proc.exited,
-        ]);
-      } else if (next?.line.some((w) => DEV_URL.test(w.replace(/^AKADZE_DATABASE_URL=/, "")))) {
-        // The page's next command runs in a second shell against the printed URL, once the
-        // dev worker runs (the URL is printed before the schema is migrated).
-        const url: string = await Promise.race([
-          waitFor(
-            () =>
-              STARTED.test(proc.stderr())
-                ? /^AKADZE_DATABASE_URL=(\S+)$/m.exec(proc.stderr())?.[1] ?? ""
-                : "",
-            `${where}: the URL line of akadze dev and its worker`,
-            LONG_RUNNING_MS,
-          ),
-          proc.exited,
-        ]);
-        const nextEnv: Record<string, string> = { ...shell.env, PATH: installedPath() };
-        const nextWords = assignments(shell, next.line, nextEnv, url);
-        const nextRun = await invocation(shell, nextWords, next.where);
-        assert(nextRun, `${next.where}: runs nothing`);
-        const result = await new Deno.Command(nextRun.cmd, {
-          args: nextRun.args,
-          cwd: shell.cwd,
-          env: nextEnv,
-          clearEnv: true,
-          stdin: "null",
-          stdout: "piped",
-          stderr: "piped",
-        }).output();
-        assertEquals(
-          result.code,
-          0,
-          `${next.where}: ${next.line.join(" ")} exited ${result.code}:\n` +
-            decoder.decode(result.stdout) + decoder.decode(result.stderr),
-        );
-        ranNext = true;
-        await Promise.race([
-          untilJobsDone(url, `${where}: akadze dev to run the enqueued jobs`),
-          proc.exited,
-        ]);
-      } else {
-        const periodic = [...shell.saved.values()].some((code) => code.includes(".periodic("));
-        const done = periodic ? /job \S+ succeeded/ : STARTED;
-        await Promise.race([
-          waitFor(() => done.test(proc.stderr()), `${where}: akadze dev: ${done}`, LONG_RUNNING_MS),
-          proc.exited,
-        ]);
-      }
-    } finally {
-      out = await proc.stop();
+  if (!longRunning) {
+    const out = await runToEnd(command);
+    assertSucceeded(out, where, line);
+    if (run.sub === "compile") {
+      assert(run.args.includes("-o"), `${where}: name the binary with -o`);
+      shell.binaries.set(run.args[run.args.indexOf("-o") + 1], compiled(shell, out, where));
     }
-  } else {
-    const result = await command.output();
-    out = {
-      code: result.code,
-      stdout: decoder.decode(result.stdout),
-      stderr: decoder.decode(result.stderr),
-    };
+    return false;
   }
-  assertEquals(out.code, 0, `${where}: ${text} exited ${out.code}:\n${out.stdout}${out.stderr}`);
-  if (run.sub === "compile") {
-    const output = run.args[run.args.indexOf("-o") + 1];
-    assert(run.args.includes("-o"), `${where}: name the binary with -o`);
-    shell.binaries.set(output, compiled(shell, out, where));
+
+  const proc = spawnLong(command, where, line.join(" "));
+  const until = (what: Promise<unknown>) => Promise.race([what, proc.exited]);
+  const logged = (pattern: RegExp) =>
+    until(waitFor(() => pattern.test(proc.stderr()), `${where}: ${pattern}`, LONG_RUNNING_MS));
+  let ranNext = false;
+  let out: Output;
+  try {
+    if (run.sub === "worker") {
+      const url = env.AKADZE_DATABASE_URL;
+      if (await jobCount(url) > 0) await until(untilJobsDone(url, `${where}: every job to run`));
+      else await logged(STARTED);
+    } else if (next?.line.some((w) => DEV_URL.test(w.replace(/^AKADZE_DATABASE_URL=/, "")))) {
+      // The page's next command runs in a second shell against the printed URL, once the
+      // dev worker runs (the URL is printed before the schema is migrated).
+      await logged(STARTED);
+      const url = /^AKADZE_DATABASE_URL=(\S+)$/m.exec(proc.stderr())?.[1];
+      assert(url, `${where}: akadze dev printed no URL line:\n${proc.stderr()}`);
+      const second = await prepare(shell, next.line, next.where, url);
+      assert(second, `${next.where}: runs nothing`);
+      assertSucceeded(await runToEnd(second.command), next.where, next.line);
+      ranNext = true;
+      await until(untilJobsDone(url, `${where}: akadze dev to run the enqueued jobs`));
+    } else {
+      const periodic = [...shell.saved.values()].some((code) => code.includes(".periodic("));
+      await logged(periodic ? /job \S+ succeeded/ : STARTED);
+    }
+  } catch (error) {
+    throw new Error(`${error instanceof Error ? error.message : error}\n${proc.stderr()}`);
+  } finally {
+    out = await proc.stop();
   }
+  assertSucceeded(out, where, line);
   return ranNext;
 }
 
