@@ -7,20 +7,11 @@ import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { passthroughEnv, waitFor, withDatabase } from "./_helpers.ts";
 import { MOD, ROOT, SLOW } from "./_processes.ts";
+import { installedPath, withInstalledAkadze } from "./_install.ts";
 import { planCompile } from "../src/cli/compile.ts";
 import { parseAppTarget } from "../src/cli/load_app.ts";
 
-/** The install line of the README. */
-const INSTALL_PERMISSIONS = [
-  "--allow-net",
-  "--allow-env",
-  "--allow-sys=hostname,uid",
-  "--allow-read",
-  "--allow-write",
-  "--allow-run",
-];
 const WORKER_PERMISSIONS = ["--allow-net", "--allow-env", "--allow-sys=hostname", "--allow-read"];
-const DENO_DIR = Deno.execPath().replace(/[\\/][^\\/]+$/, "");
 
 const APP = `
 import ms from "ms";
@@ -75,29 +66,6 @@ async function withProject(
   }
 }
 
-/** `akadze` installed as the README says, into a temporary root. */
-async function withInstalledAkadze(fn: (akadze: string) => Promise<void>): Promise<void> {
-  const root = await Deno.makeTempDir({ prefix: "akadze-consumer-install-" });
-  try {
-    const install = await run(Deno.execPath(), [
-      "install",
-      "--global",
-      "--root",
-      root,
-      "--name",
-      "akadze",
-      "--config",
-      `${ROOT}deno.json`,
-      ...INSTALL_PERMISSIONS,
-      `${ROOT}cli.ts`,
-    ], ROOT);
-    assertEquals(install.code, 0, install.stderr);
-    await fn(`${root}/bin/akadze`);
-  } finally {
-    await Deno.remove(root, { recursive: true }).catch(() => {});
-  }
-}
-
 function command(
   cmd: string,
   args: string[],
@@ -111,7 +79,7 @@ function command(
     env: {
       NO_COLOR: "1",
       ...passthroughEnv(),
-      PATH: `${DENO_DIR}:${Deno.env.get("PATH") ?? ""}`,
+      PATH: installedPath(),
       ...env,
     },
     clearEnv: true,
