@@ -80,6 +80,8 @@ export class WorkerMetrics {
   #queues: readonly string[];
 
   /**
+   * Make the metrics of a worker (the Worker makes its own: `worker.metrics`).
+   *
    * @param queues The worker's queues (each gets a busy-slots gauge).
    * @param busy Running jobs per queue now.
    * @param tasks Task names with their default queue: those series start at zero.
