@@ -105,6 +105,7 @@ export type {
 } from "./src/standard_schema.ts";
 export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
 export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
+export { type FinishedOutcome, WorkerMetrics } from "./src/worker/worker_metrics.ts";
 export {
   type AdminOptions,
   clearLimit,

@@ -53,6 +53,8 @@ export async function workerCommand(args: string[]): Promise<number> {
     if (line.worker.heartbeatFile) {
       line.worker.heartbeatFile = slotHeartbeatFile(line.worker.heartbeatFile, line.slot);
     }
+    // One endpoint per worker process: the supervisor's port plus the slot.
+    if (line.worker.metricsPort) line.worker.metricsPort += line.slot;
   }
   const stop = new AbortController();
   const removeSignals = stopOnSignals(stop);
