@@ -134,6 +134,10 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
         throw new Error("roll back");
       }).catch(() => {});
       const committed = await webSql.begin((tx) => w.ok.using({ session: tx }).enqueue({ n: 8 }));
+      // From SQL, as the same role (the function runs with its rights): one job, then none.
+      const [{ id: fromSql }] = await webSql`select akadze.enqueue('ok', '{"n": 9}') as id`;
+      assert(fromSql !== null, "akadze.enqueue inserted a job");
+      await webSql`select akadze.enqueue_many('ok', '[]')`;
       const [{ n: rolledBackCount }] = await admin`select count(*)::int as n from akadze.jobs
                                                    where id = ${rolledBack}`;
       assertEquals(rolledBackCount, 0);
