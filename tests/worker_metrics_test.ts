@@ -14,9 +14,7 @@ import {
   withDir,
   withProcesses,
 } from "./_processes.ts";
-
-const promtool = await new Deno.Command("promtool", { args: ["--version"], stdout: "null" })
-  .output().then((o) => o.success, () => false);
+import { assertPromtoolAccepts } from "./_promtool.ts";
 
 /** The samples of a scrape: `name{labels}` → value. */
 function samples(text: string): Map<string, number> {
@@ -27,24 +25,6 @@ function samples(text: string): Map<string, number> {
     out.set(line.slice(0, at), Number(line.slice(at + 1)));
   }
   return out;
-}
-
-/** `promtool check metrics` on `text`: no error and no lint problem (when promtool exists). */
-async function assertPromtoolAccepts(text: string): Promise<void> {
-  if (!promtool) return; // needs promtool (Debian: apt-get install prometheus)
-  const child = new Deno.Command("promtool", {
-    args: ["check", "metrics"],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const writer = child.stdin.getWriter();
-  await writer.write(new TextEncoder().encode(text));
-  await writer.close();
-  const result = await child.output();
-  const report = new TextDecoder().decode(result.stdout) + new TextDecoder().decode(result.stderr);
-  assertEquals(result.code, 0, `promtool check metrics:\n${report}\n${text}`);
-  assertEquals(report.trim(), "", `promtool reported lint problems:\n${report}\n${text}`);
 }
 
 /** A port nothing listens on now, and the `extra` ports after it too. */
