@@ -104,11 +104,14 @@ export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/wor
 export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
 export {
   type AdminOptions,
+  type BulkOptions,
+  cancelJobs,
   clearLimit,
   type Database,
   getJob,
   type GetJobOptions,
   type JobDetail,
+  type JobFilter,
   type JobSummary,
   type LimitOptions,
   type LimitSummary,
@@ -125,6 +128,8 @@ export {
   type QueueSummary,
   requestCancel,
   requeue,
+  requeueJobs,
+  type RequeueJobsResult,
   resumeQueue,
   type Session,
   setLimit,
