@@ -63,7 +63,7 @@ function flagProblem(error: unknown): string {
       return `unknown option ${flag}`;
     case "ERR_PARSE_ARGS_INVALID_OPTION_VALUE":
       if (message.includes("ambiguous")) {
-        return `${flag} needs a value (for one that starts with "-", write ${flag}=VALUE)`;
+        return `${flag} needs a value; for one that starts with "-", write ${flag}=VALUE`;
       }
       return message.includes("does not take") ? `${flag} takes no value` : `${flag} needs a value`;
     case "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL":
