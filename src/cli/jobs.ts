@@ -248,7 +248,7 @@ const UNIT_MS: Record<string, number> = { s: 1_000, m: 60_000, h: 3_600_000, d: 
  * an ISO 8601 date or time (`2026-12-01`, `2026-12-01T09:30`, with seconds, fractions and
  * an offset optional; without an offset it is UTC).
  */
-export function sinceFlag(text: string): Date {
+function sinceFlag(text: string): Date {
   const duration = SINCE_DURATION.exec(text);
   if (duration) return new Date(Date.now() - Number(duration[1]) * UNIT_MS[duration[2]]);
   const time = SINCE_TIME.exec(text);
