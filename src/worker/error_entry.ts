@@ -1,7 +1,7 @@
 /**
  * Error entries: whatever a run threw, turned into the `{ error, message, stack }` the
- * database stores on the job. Building one never throws (a Proxy whose every trap throws, a getter
- * that throws, a `toString` that throws), and the entry is always storable: the name at
+ * database stores on the job. Building one never throws (a Proxy whose every trap throws,
+ * a getter that throws, a `toString` that throws), and the entry is always storable: the name at
  * most 200 characters and the message at most 500, both cut between characters (never
  * inside a surrogate pair), with NUL characters and lone surrogates removed. Credentials,
  * the job's argument string values and the input a data exception quotes are hidden. The
