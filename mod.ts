@@ -108,11 +108,14 @@ export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/wo
 export { type FinishedOutcome, WorkerMetrics } from "./src/worker/worker_metrics.ts";
 export {
   type AdminOptions,
+  type BulkOptions,
+  cancelJobs,
   clearLimit,
   type Database,
   getJob,
   type GetJobOptions,
   type JobDetail,
+  type JobFilter,
   type JobSummary,
   type LimitOptions,
   type LimitSummary,
@@ -129,6 +132,8 @@ export {
   type QueueSummary,
   requestCancel,
   requeue,
+  requeueJobs,
+  type RequeueJobsResult,
   resumeQueue,
   type Session,
   setLimit,

@@ -398,12 +398,20 @@ export interface JobSummary {
   cancelRequested: boolean;
 }
 
-/** Options of {@linkcode listJobs}. */
-export interface ListJobsOptions extends AdminOptions {
-  /** Only this queue. */
-  queue?: string;
+/** Which jobs {@linkcode listJobs}, {@linkcode requeueJobs} and {@linkcode cancelJobs} take. */
+export interface JobFilter extends AdminOptions {
+  /** Only this task. */
+  task?: string;
   /** Only this state. */
   state?: JobState;
+  /** Only this queue. */
+  queue?: string;
+  /** Only jobs enqueued at or after this time (`created_at >= since`). */
+  since?: Date;
+}
+
+/** Options of {@linkcode listJobs}. */
+export interface ListJobsOptions extends JobFilter {
   /** At most this many, 1..1000. Default 50. */
   limit?: number;
 }
@@ -413,8 +421,8 @@ const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, 
   expires_at, cancel_requested_at is not null as cancel_requested`;
 
 /**
- * Job summaries (no arguments, result or errors) in claim order: priority (higher first),
- * then run_at, then id.
+ * Job summaries (no arguments, result or errors), newest first (by id: the order in which
+ * they were enqueued, latest first), filtered by task, state, queue and enqueue time.
  *
  * @example
  * ```ts ignore
@@ -428,26 +436,188 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
   if (!Number.isInteger(limit) || limit < 1 || limit > 1000) {
     throw new AkadzeError(`limit must be an integer from 1 to 1000, got ${limit}`);
   }
-  if (options.state !== undefined && !STATES.includes(options.state)) {
-    throw new AkadzeError(`state must be one of ${STATES.join(", ")}, got ${options.state}`);
-  }
-  if (options.queue !== undefined) checkQueueName(options.queue);
   const rows = await explainMissingSchema(schema, () =>
     sql.unsafe(
-      `select ${SUMMARY_COLUMNS} from ${s}.jobs
-        where ($1::text is null or queue = $1) and ($2::text is null or state = $2)
-        order by priority desc, run_at, jobs.id limit $3`,
-      [options.queue ?? null, options.state ?? null, limit],
+      `select ${SUMMARY_COLUMNS} from ${s}.jobs j where ${FILTER}
+        order by j.id desc limit $5`,
+      [...filterParams(options), limit],
     ));
   return rows.map(toSummary);
+}
+
+/**
+ * The WHERE condition of a {@linkcode JobFilter} on `jobs j`: parameters $1 task, $2
+ * state, $3 queue, $4 since (each null for no condition).
+ */
+const FILTER = `($1::text is null or j.task = $1) and ($2::text is null or j.state = $2)
+  and ($3::text is null or j.queue = $3) and ($4::timestamptz is null or j.created_at >= $4)`;
+
+/** The four parameters of {@linkcode FILTER}, validated; `AkadzeError` when one is wrong. */
+function filterParams(
+  filter: JobFilter,
+): [string | null, string | null, string | null, Date | null] {
+  const { task, state, queue, since } = filter;
+  if (task !== undefined && (typeof task !== "string" || task.length < 1 || task.length > 200)) {
+    throw new AkadzeError(
+      `task must be a task name of 1 to 200 characters, got ${JSON.stringify(task)}`,
+    );
+  }
+  if (state !== undefined && !STATES.includes(state)) {
+    throw new AkadzeError(`state must be one of ${STATES.join(", ")}, got ${state}`);
+  }
+  if (queue !== undefined) checkQueueName(queue);
+  if (since !== undefined && (!(since instanceof Date) || Number.isNaN(since.getTime()))) {
+    throw new AkadzeError("since must be a valid Date");
+  }
+  return [task ?? null, state ?? null, queue ?? null, since ?? null];
+}
+
+/** What {@linkcode requeueJobs} did (or, with `dryRun`, would do). */
+export interface RequeueJobsResult {
+  /** Failed jobs put back to queued. */
+  requeued: number;
+  /**
+   * Ids of matching failed jobs left failed because another job with their `uniqueKey` is
+   * queued or running (or another matching job with that key was requeued instead).
+   */
+  skipped: string[];
+}
+
+/** Options of {@linkcode requeueJobs} and {@linkcode cancelJobs}. */
+export interface BulkOptions {
+  /** Count what would change, change nothing. Default false. */
+  dryRun?: boolean;
+}
+
+/**
+ * Put every `failed` job matching `filter` back to `queued`, in the caller's transaction,
+ * each as {@linkcode requeue} does it (attempts, errors and arguments kept, one more attempt
+ * when the budget was spent). A `state` other than `failed` is an `AkadzeError`. A job whose
+ * `uniqueKey` is held by a queued or running job stays failed and is reported in
+ * `skipped` (of several matching jobs with one key, the newest is requeued): one conflict
+ * does not stop the others. An empty filter takes every failed job.
+ *
+ * @example
+ * ```ts ignore
+ * import { requeueJobs } from "@akadze/akadze";
+ * const { requeued, skipped } = await app.sql.begin((tx) =>
+ *   requeueJobs(tx, { task: "send-email", since: new Date(Date.now() - 3_600_000) })
+ * );
+ * ```
+ */
+export async function requeueJobs(
+  session: Session,
+  filter: JobFilter = {},
+  options: BulkOptions = {},
+): Promise<RequeueJobsResult> {
+  if (filter.state !== undefined && filter.state !== "failed") {
+    throw new AkadzeError(`only failed jobs can be requeued, got state ${filter.state}`);
+  }
+  const schema = filter.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const params = filterParams({ ...filter, state: "failed" });
+  // Locked, then split: a job whose key is held (by an active job, or by a newer matching
+  // one) is skipped instead of failing the whole UPDATE on the unique index.
+  const select = `
+    with matched as (
+      select j.id, j.unique_key from ${s}.jobs j where ${FILTER} order by j.id for update
+    ),
+    ranked as (
+      select m.id, m.unique_key is not null and (
+          exists (select 1 from ${s}.jobs a where a.unique_key = m.unique_key
+                   and a.state in ('queued', 'running'))
+          or row_number() over (partition by m.unique_key order by m.id desc) > 1
+        ) as held
+        from matched m
+    )`;
+  const run = async (tx: TransactionSql): Promise<RequeueJobsResult> => {
+    const rows = options.dryRun
+      ? await tx.unsafe(`${select} select id::text as id, held from ranked`, params)
+      : await tx.unsafe(
+        `${select},
+         moved as (
+           update ${s}.jobs j set
+             state = 'queued', run_at = now(), finished_at = null, worker_id = null,
+             result = null, cancel_requested_at = null,
+             max_attempts = greatest(j.max_attempts, j.attempt + 1),
+             expires_at = case when j.expires_at <= now() then null else j.expires_at end
+             from ranked r where j.id = r.id and not r.held
+           returning j.queue),
+         notified as (
+           select pg_notify($5, q.queue) from (select distinct queue from moved) q)
+         select r.id::text as id, r.held, (select count(*) from notified) as n from ranked r`,
+        [...params, jobsChannel(schema)],
+      );
+    const skipped = rows.filter((r) => r.held).map((r) => r.id as string);
+    return { requeued: rows.length - skipped.length, skipped };
+  };
+  try {
+    return await explainMissingSchema(schema, () => atomically(session, run));
+  } catch (error) {
+    if ((error as { code?: unknown }).code === "23505") {
+      throw new DuplicateJob(
+        "failed jobs cannot be requeued now: a job with one of their uniqueKeys was enqueued " +
+          "meanwhile; try again",
+      );
+    }
+    throw error;
+  }
+}
+
+/**
+ * Request the cancellation of every queued or running job matching `filter`, in the
+ * caller's transaction, each as {@linkcode requestCancel} does it. Jobs whose cancel was
+ * already requested are left as they are. A `state` other than `queued` or `running` is an
+ * `AkadzeError`. Returns how many jobs were marked (with `dryRun`: would be). An empty
+ * filter takes every queued and running job.
+ *
+ * @example
+ * ```ts ignore
+ * import { cancelJobs } from "@akadze/akadze";
+ * const marked = await app.sql.begin((tx) => cancelJobs(tx, { queue: "reports" }));
+ * ```
+ */
+export async function cancelJobs(
+  session: Session,
+  filter: JobFilter = {},
+  options: BulkOptions = {},
+): Promise<number> {
+  if (filter.state !== undefined && filter.state !== "queued" && filter.state !== "running") {
+    throw new AkadzeError(
+      `only queued or running jobs can be cancelled, got state ${filter.state}`,
+    );
+  }
+  const schema = filter.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const params = filterParams(filter);
+  const where = `${FILTER} and j.state in ('queued', 'running') and j.cancel_requested_at is null`;
+  const [row] = await explainMissingSchema(
+    schema,
+    () =>
+      options.dryRun
+        ? session.unsafe(`select count(*)::int as n from ${s}.jobs j where ${where}`, params)
+        : session.unsafe(
+          `with marked as (
+           update ${s}.jobs j set cancel_requested_at = now() where ${where}
+           returning j.id, j.state),
+         notified as (select pg_notify($5, m.id::text) from marked m where m.state = 'running')
+         select (select count(*)::int from marked) as n,
+                (select count(*)::int from notified) as notified`,
+          [...params, cancelChannel(schema)],
+        ),
+  );
+  return row.n as number;
 }
 
 /** One job in full, as `getJob` returns it. */
 export interface JobDetail extends JobSummary {
   /** Snoozes so far. */
   snoozes: number;
-  /** The last errors, oldest first. */
-  errors: { error: string; message: string; at: string }[];
+  /**
+   * The last errors, oldest first: name, message, when, and where it was thrown (`stack`:
+   * one `at …` frame per line; absent for errors without one, such as `WorkerLost`).
+   */
+  errors: { error: string; message: string; at: string; stack?: string }[];
   /** The arguments (only with `includeArgs`). */
   args?: Record<string, unknown>;
   /** The result (only with `includeResult`). */

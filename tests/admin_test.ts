@@ -1,5 +1,6 @@
 // Admin writes in the caller's transaction and consistent reads (SPEC §3, §5.6, §5.11, §5.14).
 import {
+  cancelJobs,
   clearLimit,
   getJob,
   listJobs,
@@ -10,6 +11,7 @@ import {
   queueSnapshot,
   requestCancel,
   requeue,
+  requeueJobs,
   resumeQueue,
   setLimit,
 } from "../src/admin.ts";
@@ -75,6 +77,75 @@ Deno.test("requeue with a conflicting uniqueKey raises DuplicateJob and keeps th
     const [row] = await sql`select state from akadze.jobs where id = ${id}`;
     assertEquals(row.state, "failed");
     assertEquals((await sql`select note from public.audit`).map((r) => r.note), ["after"]);
+  });
+});
+
+Deno.test("requeueJobs requeues the matching failed jobs in the caller's transaction, skipping held uniqueKeys", async () => {
+  await withApp("adm_requeue_jobs", async (app, sql) => {
+    const failed = async (task: string, key: string | null = null) => {
+      const [{ id }] = await sql`
+        insert into akadze.jobs (task, state, attempt, max_attempts, finished_at, unique_key)
+        values (${task}, 'failed', 3, 3, now(), ${key}) returning id::text as id`;
+      return id as string;
+    };
+    const plain = await failed("x");
+    const held = await failed("x", "held");
+    const olderTwin = await failed("x", "twin");
+    const newerTwin = await failed("x", "twin");
+    const otherTask = await failed("y");
+    await sql`insert into akadze.jobs (task, unique_key) values ('x', 'held')`;
+    const state = async (id: string) =>
+      (await sql`select state, max_attempts from akadze.jobs where id = ${id}`)[0];
+
+    assertEquals(await requeueJobs(app.sql, { task: "x" }, { dryRun: true }), {
+      requeued: 2,
+      skipped: [held, olderTwin],
+    });
+    assertEquals((await state(plain)).state, "failed", "a dry run changes nothing");
+    await app.sql.begin(async (tx) => {
+      assertEquals((await requeueJobs(tx, { task: "x" })).requeued, 2);
+      throw new Error("roll back");
+    }).catch(() => {});
+    assertEquals((await state(plain)).state, "failed", "rolled back with the caller");
+
+    assertEquals(await requeueJobs(app.sql, { task: "x", state: "failed" }), {
+      requeued: 2,
+      skipped: [held, olderTwin],
+    });
+    assertEquals(await state(plain), { state: "queued", max_attempts: 4 });
+    assertEquals((await state(newerTwin)).state, "queued");
+    for (const id of [held, olderTwin, otherTask]) assertEquals((await state(id)).state, "failed");
+    await assertRejects(() => requeueJobs(app.sql, { state: "queued" }), AkadzeError);
+    await assertRejects(() => requeueJobs(app.sql, { queue: "bad queue" }), AkadzeError);
+  });
+});
+
+Deno.test("cancelJobs marks matching queued and running jobs; a running one ends cancelled", async () => {
+  await withApp("adm_cancel_jobs", async (app, sql) => {
+    let started = false;
+    const slow = app.task("slow", { queue: "q" }, async (_args, ctx) => {
+      started = true;
+      await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+    });
+    const other = app.task("other", { queue: "elsewhere" }, () => {});
+    const running = await slow.enqueue();
+    const worker = startWorker(app, { queues: ["q"] });
+    try {
+      await waitFor(() => started, "the slow job to start");
+      const queued = await slow.using({ delay: 60_000 }).enqueue();
+      const untouched = await other.using({ delay: 60_000 }).enqueue();
+      assertEquals(await cancelJobs(app.sql, { queue: "q" }, { dryRun: true }), 2);
+      assertEquals(await cancelJobs(app.sql, { queue: "q" }), 2);
+      assertEquals(await cancelJobs(app.sql, { queue: "q" }), 0, "already requested");
+      await waitForJob(sql, running, (r) => r.state === "cancelled", "the running job cancelled");
+      const [u] = await sql`select cancel_requested_at from akadze.jobs where id = ${untouched}`;
+      assertEquals(u.cancel_requested_at, null);
+      const [q] = await sql`select cancel_requested_at from akadze.jobs where id = ${queued}`;
+      assert(q.cancel_requested_at instanceof Date);
+      await assertRejects(() => cancelJobs(app.sql, { state: "failed" }), AkadzeError);
+    } finally {
+      await worker.stop();
+    }
   });
 });
 
@@ -200,7 +271,12 @@ Deno.test("queueSnapshot, listQueues, listJobs, getJob and listWorkers read what
       { queue: "ops", paused: false, queued: 0, running: 0, failed: 1 },
     ]);
     const jobs = await listJobs(app, { queue: "mail", state: "queued" });
-    assertEquals(jobs.map((j) => j.id), [high, later, low], "priority, then run_at, then id");
+    assertEquals(jobs.map((j) => j.id), [later, high, low], "newest first");
+    assertEquals((await listJobs(app, { task: "mail", state: "failed" })).length, 1);
+    assertEquals((await listJobs(app, { task: "nope" })).length, 0);
+    assertEquals((await listJobs(app, { since: new Date(Date.now() + 60_000) })).length, 0);
+    assertEquals((await listJobs(app, { since: new Date(Date.now() - 60_000) })).length, 5);
+    await assertRejects(() => listJobs(app, { since: new Date(NaN) }), AkadzeError);
     assert(!("args" in jobs[0]));
     assertEquals((await listJobs(app.sql, { limit: 2 })).length, 2);
     await assertRejects(() => listJobs(app, { limit: 0 }), AkadzeError);

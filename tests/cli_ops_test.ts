@@ -171,7 +171,7 @@ Deno.test("a refused connection exits 1 with one line and no password on every d
   });
 });
 
-Deno.test("jobs list: tab-separated rows in claim order, filters, limit and --json", async () => {
+Deno.test("jobs list: tab-separated rows newest first, filters, limit and --json", async () => {
   await withApp("cli_ops_jobs_list", async (app, sql, db) => {
     const env = { AKADZE_DATABASE_URL: db.url };
     const send = app.task("send", { queue: "mail", priority: 5 }, () => {});
@@ -195,18 +195,18 @@ Deno.test("jobs list: tab-separated rows in claim order, filters, limit and --js
       "FINISHED_AT",
       "WORKER_ID",
     ]);
-    assertEquals(rows.slice(1).map((r) => r[0]), [first, second, failed]);
-    assertEquals(rows[1].slice(0, 7), [first, "mail", "send", "queued", "5", "0", "3"]);
-    assertMatch(rows[1][7], ISO);
-    assertEquals(rows[1].slice(8), ["-", "-", "-"]);
-    assertEquals(rows[3][3], "failed");
-    assertMatch(rows[3][9], ISO);
+    assertEquals(rows.slice(1).map((r) => r[0]), [failed, second, first]);
+    assertEquals(rows[3].slice(0, 7), [first, "mail", "send", "queued", "5", "0", "3"]);
+    assertMatch(rows[3][7], ISO);
+    assertEquals(rows[3].slice(8), ["-", "-", "-"]);
+    assertEquals(rows[1][3], "failed");
+    assertMatch(rows[1][9], ISO);
     assert(!out.stdout.includes("secret@example"), "no arguments in listings");
 
     const failedOnly = table((await runCli(["jobs", "list", "--state", "failed"], env)).stdout);
     assertEquals(failedOnly.slice(1).map((r) => r[0]), [failed]);
     const mail = table((await runCli(["jobs", "list", "--queue", "mail"], env)).stdout);
-    assertEquals(mail.slice(1).map((r) => r[0]), [first, failed]);
+    assertEquals(mail.slice(1).map((r) => r[0]), [failed, first]);
     const one = table((await runCli(["jobs", "list", "--limit", "1"], env)).stdout);
     assertEquals(one.length, 2);
     const none = await runCli(["jobs", "list", "--queue", "nothing"], env);
@@ -236,13 +236,158 @@ Deno.test("jobs list: tab-separated rows in claim order, filters, limit and --js
       "cancelRequested",
     ]);
     assertEquals(
-      [jobs[0].id, jobs[0].task, jobs[0].priority, jobs[0].uniqueKey, jobs[0].cancelRequested],
+      [jobs[1].id, jobs[1].task, jobs[1].priority, jobs[1].uniqueKey, jobs[1].cancelRequested],
       [first, "send", 5, "welcome-1", false],
     );
-    assertMatch(jobs[0].runAt, ISO);
-    assertMatch(jobs[0].createdAt, ISO);
-    assertEquals(jobs[0].finishedAt, null);
+    assertMatch(jobs[1].runAt, ISO);
+    assertMatch(jobs[1].createdAt, ISO);
+    assertEquals(jobs[1].finishedAt, null);
+
+    const sendOnly = table((await runCli(["jobs", "list", "--task", "send"], env)).stdout);
+    assertEquals(sendOnly.slice(1).map((r) => r[0]), [failed, first]);
+    const both = table(
+      (await runCli(["jobs", "list", "--task", "send", "--state", "queued"], env)).stdout,
+    );
+    assertEquals(both.slice(1).map((r) => r[0]), [first]);
   });
+});
+
+Deno.test("jobs list --since takes a duration back from now or an ISO 8601 time", async () => {
+  await withDatabase("cli_ops_jobs_since", async (db, sql) => {
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const old = await insertJob(sql, { task: "t", created_at: new Date("2030-01-01T08:00:00Z") });
+    const older = await insertJob(sql, { task: "t", created_at: new Date("2020-01-01T00:00:00Z") });
+    const recent = await insertJob(sql, { task: "t" });
+    const ids = async (...args: string[]) => {
+      const out = await runCli(["jobs", "list", ...args], env);
+      assertEquals([out.code, out.stderr], [0, ""], args.join(" "));
+      return table(out.stdout).slice(1).map((r) => r[0]);
+    };
+    assertEquals(await ids(), [recent, older, old], "newest first by id, not by created_at");
+    assertEquals(await ids("--since", "15m"), [recent, old], "the 2030 job is in the future");
+    assertEquals(await ids("--since", "365d"), [recent, old]);
+    assertEquals(await ids("--since", "2030-01-01T08:00"), [old], "no offset: UTC");
+    assertEquals(await ids("--since", "2030-01-01T10:00:00+02:00"), [old]);
+    assertEquals(await ids("--since", "2030-01-01T08:00:01Z"), []);
+    assertEquals(await ids("--since", "2019-12-31"), [recent, older, old]);
+    for (const bad of ["15", "15 m", "1w", "-3d", "2030-13-01", "yesterday"]) {
+      assertOneLineError(
+        await runCli(["jobs", "list", `--since=${bad}`], env),
+        2,
+        /--since must be a duration such as 30s, 15m, 2h or 3d, or an ISO 8601 time/,
+      );
+    }
+  });
+});
+
+Deno.test("jobs requeue and cancel by filters: --dry-run counts, then the change", async () => {
+  await withDatabase("cli_ops_bulk", async (db, sql) => {
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const x1 = await finishedJob(sql, "failed", "1 minute", { task: "x" });
+    const x2 = await finishedJob(sql, "failed", "1 minute", { task: "x", unique_key: "k" });
+    await insertJob(sql, { task: "x", unique_key: "k" }); // holds x2's key
+    const y = await finishedJob(sql, "failed", "1 minute", { task: "y" });
+    const xDone = await finishedJob(sql, "succeeded", "1 minute", { task: "x" });
+    const states = async () =>
+      Object.fromEntries(
+        (await sql`select id::text as id, state from akadze.jobs`).map((r) => [r.id, r.state]),
+      );
+
+    const dry = await runCli(
+      ["jobs", "requeue", "--state", "failed", "--task", "x", "--dry-run"],
+      env,
+    );
+    assertEquals([dry.code, dry.stderr], [0, ""]);
+    assertEquals(
+      dry.stdout,
+      [
+        "would requeue 1 job",
+        `would skip job ${x2}: another job with its uniqueKey is queued or running`,
+        "",
+      ].join("\n"),
+    );
+    assertEquals((await states())[x1], "failed", "a dry run changes nothing");
+
+    const real = await runCli(["jobs", "requeue", "--state", "failed", "--task", "x"], env);
+    assertEquals([real.code, real.stderr], [0, ""]);
+    assertEquals(
+      real.stdout,
+      [
+        "requeued 1 job",
+        `skipped job ${x2}: another job with its uniqueKey is queued or running`,
+        "",
+      ].join("\n"),
+    );
+    const after = await states();
+    assertEquals([after[x1], after[x2], after[y], after[xDone]], [
+      "queued",
+      "failed",
+      "failed",
+      "succeeded",
+    ]);
+    const again = await runCli(["jobs", "requeue", "--task", "x"], env);
+    assertEquals(again.stdout.split("\n")[0], "requeued 0 jobs");
+
+    const q1 = await insertJob(sql, { task: "t", queue: "q" });
+    const q2 = await insertJob(sql, {
+      task: "t",
+      queue: "q",
+      state: "running",
+      worker_id: "w1",
+      started_at: new Date(),
+    });
+    const other = await insertJob(sql, { task: "t", queue: "other" });
+    const dryCancel = await runCli(["jobs", "cancel", "--queue", "q", "--dry-run"], env);
+    assertEquals([dryCancel.code, dryCancel.stdout], [
+      0,
+      "would request the cancellation of 2 jobs\n",
+    ]);
+    const cancel = await runCli(["jobs", "cancel", "--queue", "q"], env);
+    assertEquals([cancel.code, cancel.stdout, cancel.stderr], [
+      0,
+      "cancel requested for 2 jobs\n",
+      "",
+    ]);
+    const marked = await sql`select id::text as id from akadze.jobs
+                              where cancel_requested_at is not null order by id`;
+    assertEquals(marked.map((r) => r.id), [q1, q2]);
+    assert(!marked.some((r) => r.id === other));
+    const twice = await runCli(["jobs", "cancel", "--queue", "q"], env);
+    assertEquals(twice.stdout, "cancel requested for 0 jobs\n", "already requested");
+
+    for (
+      const [args, pattern] of [
+        [["jobs", "requeue"], /missing ID or a filter/],
+        [["jobs", "cancel", "--dry-run"], /missing ID or a filter/],
+        [["jobs", "requeue", x1, "--task", "x"], /a job ID or filters, not both/],
+        [["jobs", "requeue", "--state", "queued"], /--state must be failed, got "queued"/],
+        [["jobs", "cancel", "--state", "failed"], /--state must be one of queued, running/],
+        [["jobs", "cancel", x1, "--dry-run"], /--dry-run goes with filters/],
+      ] as [string[], RegExp][]
+    ) {
+      assertOneLineError(await runCli(args, env), 2, pattern);
+    }
+  });
+});
+
+Deno.test("an unknown option is a one-line akadze usage error pointing at --help", async () => {
+  const cases: [string[], string][] = [
+    [["jobs", "list", "--bogus"], "error: unknown option --bogus (see akadze jobs list --help)"],
+    [["jobs", "show", "1", "-x"], "error: unknown option -x (see akadze jobs show --help)"],
+    [["jobs", "list", "--limit"], "error: --limit needs a value (see akadze jobs list --help)"],
+    [["jobs", "list", "--json=yes"], "error: --json takes no value (see akadze jobs list --help)"],
+    [
+      ["queues", "pause", "q", "--now"],
+      "error: unknown option --now (see akadze queues pause --help)",
+    ],
+    [["migrate", "--bogus"], "error: unknown option --bogus (see akadze migrate --help)"],
+    [["health", "--bogus"], "error: unknown option --bogus (see akadze health --help)"],
+    [["worker", "app.ts", "--bogus"], "error: unknown option --bogus (see akadze worker --help)"],
+  ];
+  const outs = await runAll(cases.map(([args]) => args), {});
+  for (const [i, [args, line]] of cases.entries()) {
+    assertEquals([outs[i].code, outs[i].stderr], [2, `${line}\n`], args.join(" "));
+  }
 });
 
 Deno.test("jobs show: errors always, args and result only when asked; unknown id exits 1", async () => {

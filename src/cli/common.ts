@@ -35,16 +35,41 @@ export function databaseUrl(): string {
   return url;
 }
 
-/** Parse a command's flags strictly; unknown flags and missing values are usage errors. */
+/**
+ * Parse a command's flags strictly; unknown flags and missing values are usage errors in
+ * akadze's words, pointing at the `--help` of `command` (e.g. `"akadze jobs list"`).
+ */
 export function parseFlags<T extends NonNullable<ParseArgsConfig["options"]>>(
   args: string[],
   options: T,
   allowPositionals = false,
+  command?: string,
 ): ReturnType<typeof parseArgs<{ args: string[]; options: T; allowPositionals: boolean }>> {
   try {
     return parseArgs({ args, options, allowPositionals, strict: true });
   } catch (error) {
-    throw new UsageError(error instanceof Error ? error.message : String(error));
+    throw new UsageError(`${flagProblem(error)} (see ${command ? `${command} ` : ""}--help)`);
+  }
+}
+
+/** What `parseArgs` refused, without its wording (which speaks of Node's API). */
+function flagProblem(error: unknown): string {
+  const code = (error as { code?: unknown } | null)?.code;
+  const message = error instanceof Error ? error.message : String(error);
+  const quoted = /'([^']*)'/.exec(message)?.[1] ?? "";
+  const flag = quoted.replace(/ <value>$/, "");
+  switch (code) {
+    case "ERR_PARSE_ARGS_UNKNOWN_OPTION":
+      return `unknown option ${flag}`;
+    case "ERR_PARSE_ARGS_INVALID_OPTION_VALUE":
+      if (message.includes("ambiguous")) {
+        return `${flag} needs a value; for one that starts with "-", write ${flag}=VALUE`;
+      }
+      return message.includes("does not take") ? `${flag} takes no value` : `${flag} needs a value`;
+    case "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL":
+      return `unexpected argument "${flag}"`;
+    default:
+      return message;
   }
 }
 

@@ -131,11 +131,16 @@ export async function compileCommand(args: string[]): Promise<number> {
   const split = args.indexOf("--");
   const own = split === -1 ? args : args.slice(0, split);
   const extra = split === -1 ? [] : args.slice(split + 1);
-  const { values, positionals } = parseFlags(own, {
-    output: { type: "string", short: "o" },
-    "dry-run": { type: "boolean" },
-    help: { type: "boolean", short: "h" },
-  }, true);
+  const { values, positionals } = parseFlags(
+    own,
+    {
+      output: { type: "string", short: "o" },
+      "dry-run": { type: "boolean" },
+      help: { type: "boolean", short: "h" },
+    },
+    true,
+    "akadze compile",
+  );
   if (values.help) {
     console.log(HELP);
     return 0;

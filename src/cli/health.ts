@@ -186,17 +186,22 @@ export async function checkDatabase(
 
 /** Run `akadze health`; returns the exit code (0 healthy, 1 unhealthy). */
 export async function healthCommand(args: string[]): Promise<number> {
-  const { values } = parseFlags(args, {
-    "heartbeat-file": { type: "string" },
-    processes: { type: "string" },
-    "max-age": { type: "string" },
-    "max-lag": { type: "string" },
-    "max-ready": { type: "string" },
-    queue: { type: "string", short: "q", multiple: true },
-    schema: { type: "string" },
-    timeout: { type: "string" },
-    help: { type: "boolean", short: "h" },
-  });
+  const { values } = parseFlags(
+    args,
+    {
+      "heartbeat-file": { type: "string" },
+      processes: { type: "string" },
+      "max-age": { type: "string" },
+      "max-lag": { type: "string" },
+      "max-ready": { type: "string" },
+      queue: { type: "string", short: "q", multiple: true },
+      schema: { type: "string" },
+      timeout: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+    false,
+    "akadze health",
+  );
   if (values.help) {
     console.log(HEALTH_HELP);
     return 0;

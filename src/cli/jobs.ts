@@ -4,12 +4,15 @@
  * @module
  */
 import {
+  cancelJobs,
   getJob,
   type JobDetail,
+  type JobFilter,
   type JobSummary,
   listJobs,
   requestCancel,
   requeue,
+  requeueJobs,
 } from "../admin.ts";
 import type { JobState } from "../job.ts";
 import { redact } from "../db.ts";
@@ -41,23 +44,36 @@ const STATES: readonly JobState[] = ["queued", "running", "succeeded", "failed",
 export const JOBS_HELP = `Usage: akadze jobs <command> [options]
 
 Commands:
-  list [--queue Q] [--state S] [--limit N] [--json]
-                       job summaries in claim order (priority, run_at, id)
+  list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N] [--json]
+                       job summaries, newest first
   show ID [--args] [--result] [--json]
-                       one job with its error history
-  requeue ID           put a failed job back to queued (one more attempt)
-  cancel ID            request the cancellation of a queued or running job
+                       one job with its error history and stacks
+  requeue ID | requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--dry-run]
+                       put failed jobs back to queued (one more attempt)
+  cancel ID | cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--dry-run]
+                       request the cancellation of queued or running jobs
 
 Run akadze jobs <command> --help for a command's options.`;
 
-const LIST_HELP = `Usage: akadze jobs list [--queue Q] [--state S] [--limit N] [--json]
+/** The filter options' lines, shared by list, requeue and cancel. */
+function filterHelp(states: string): string {
+  return `  --task T        only jobs of this task
+  --state S       only jobs in this state: ${states}
+  --queue Q       only jobs of this queue
+  --since WHEN    only jobs enqueued at or after WHEN: a duration back from now (a whole
+                  number with s, m, h or d: 30s, 15m, 2h, 3d, by this machine's clock) or
+                  an ISO 8601 time (2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30:00+02:00;
+                  without an offset it is UTC)`;
+}
 
-Job summaries (no arguments, result or errors) in claim order: priority (higher first),
-then run_at, then id.
+const LIST_HELP = `Usage: akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN]
+                        [--limit N] [--json]
+
+Job summaries (no arguments, result or errors), newest first (by id: the most recently
+enqueued first).
 
 Options:
-  --queue Q       only this queue
-  --state S       only this state: ${STATES.join(", ")}
+${filterHelp(STATES.join(", "))}
   --limit N       at most N jobs, 1 to 1000 (default 50)
   --json          a JSON array of objects with the keys id, task, queue, state, priority,
                   attempt, maxAttempts, runCount, runAt, createdAt, startedAt, finishedAt,
@@ -73,46 +89,64 @@ ${DATABASE_FOOTER}`;
 
 const SHOW_HELP = `Usage: akadze jobs show ID [--args] [--result] [--json]
 
-One job with its error history (oldest first). Arguments and result are printed only
-when asked for; without --args, argument values quoted in the errors show as ***.
+One job with its error history (oldest first), each error with the stack it was thrown
+from. Arguments and result are printed only when asked for; without --args, argument
+values quoted in the errors show as ***.
 
 Options:
   --args          include the arguments
   --result        include the result
   --json          a JSON object: the keys of jobs list --json plus snoozes, errors
-                  ([{error, message, at}]), and args / result when asked for
+                  ([{error, message, at, stack}]; stack is absent when there is none),
+                  and args / result when asked for
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
 Output: "key: value" lines (id, task, queue, state, priority, attempt, maxAttempts,
 runCount, runAt, createdAt, startedAt, finishedAt, workerId, uniqueKey, limitKey,
 expiresAt, cancelRequested, snoozes, errors: COUNT), then "error: AT NAME: MESSAGE" per
-error, then "args: JSON" and "result: JSON" when asked for. "-" stands for none; times
-are ISO 8601 in UTC.
+error, followed by its stack frames, one "  at ..." line each; then "args: JSON" and
+"result: JSON" when asked for. "-" stands for none; times are ISO 8601 in UTC.
 
 Exit codes: 0 shown, 1 job not found or database failure, 2 usage error.`;
 
 const REQUEUE_HELP = `Usage: akadze jobs requeue ID
+       akadze jobs requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--dry-run]
 
-Put a failed job back to queued. It keeps its attempt count, errors and arguments; its
-attempt budget is raised by one when it was spent. Prints "requeued job ID".
+Put a failed job back to queued, or every failed job that matches the filters (at least
+one is needed). A job keeps its attempt count, errors and arguments; its attempt budget
+is raised by one when it was spent. Prints "requeued job ID", or "requeued N jobs".
+
+A matching job whose uniqueKey is held by a queued or running job (or by a newer
+matching job, which is requeued instead) stays failed: each one is reported as "skipped
+job ID: ..." and the others are still requeued (exit 0).
 
 Options:
+${filterHelp("failed (the default; no other state can be requeued)")}
+  --dry-run       print "would requeue N jobs" (and the jobs it would skip), change nothing
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
-Exit codes: 0 requeued; 1 the job is unknown or not failed, another job with its
-uniqueKey is queued or running (DuplicateJob), or a database failure; 2 usage error.`;
+Exit codes: 0 requeued (or nothing matched); 1 the job ID is unknown or not failed,
+another job with its uniqueKey is queued or running (DuplicateJob), or a database
+failure; 2 usage error.`;
 
 const CANCEL_HELP = `Usage: akadze jobs cancel ID
+       akadze jobs cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--dry-run]
 
-Request the cancellation of a queued or running job: a queued job is cancelled by the
-next claim pass, a running one is stopped by its worker and ends cancelled. Prints
-"cancel requested for job ID". For a job that is already finished or does not exist
-nothing changes: it prints "nothing cancelled: job ID is STATE" or "nothing cancelled:
-job ID not found" and still exits 0 (cancelling is idempotent).
+Request the cancellation of a queued or running job, or of every queued or running job
+that matches the filters (at least one is needed): a queued job is cancelled by the next
+claim pass, a running one is stopped by its worker and ends cancelled.
+
+With ID it prints "cancel requested for job ID"; for a job that is already finished or
+does not exist nothing changes: it prints "nothing cancelled: job ID is STATE" or
+"nothing cancelled: job ID not found" and still exits 0 (cancelling is idempotent). With
+filters it prints "cancel requested for N jobs" (jobs whose cancel was already requested
+are not counted again).
 
 Options:
+${filterHelp("queued or running")}
+  --dry-run       print "would request the cancellation of N jobs", change nothing
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
@@ -165,29 +199,85 @@ function summaryJson(j: JobSummary): Record<string, unknown> {
   };
 }
 
+/** The filter flags of list, requeue and cancel. */
+const FILTER_FLAGS = {
+  task: { type: "string" },
+  state: { type: "string" },
+  queue: { type: "string" },
+  since: { type: "string" },
+} as const;
+
+/**
+ * The filter of `--task`, `--state` (one of `states`), `--queue` and `--since`, or null
+ * when none was given.
+ */
+function filterFlags(
+  values: { task?: string; state?: string; queue?: string; since?: string },
+  states: readonly string[],
+  schema: string,
+): JobFilter | null {
+  const filter: JobFilter = { schema };
+  if (values.task !== undefined) {
+    if (values.task.length < 1 || values.task.length > 200) {
+      throw new UsageError(`--task must be a task name of 1 to 200 characters`);
+    }
+    filter.task = values.task;
+  }
+  if (values.state !== undefined) {
+    if (!states.includes(values.state)) {
+      throw new UsageError(`--state must be ${orList(states)}, got "${values.state}"`);
+    }
+    filter.state = values.state as JobState;
+  }
+  if (values.queue !== undefined) filter.queue = queueArg(values.queue, "--queue");
+  if (values.since !== undefined) filter.since = sinceFlag(values.since);
+  return Object.keys(filter).length > 1 ? filter : null;
+}
+
+function orList(items: readonly string[]): string {
+  return items.length === 1 ? items[0] : `one of ${items.join(", ")}`;
+}
+
+const SINCE_DURATION = /^(\d{1,9})([smhd])$/;
+const SINCE_TIME =
+  /^\d{4}-\d{2}-\d{2}(?:T\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})?)?$/;
+const UNIT_MS: Record<string, number> = { s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/**
+ * `--since`: a whole number of seconds, minutes, hours or days back from now (`15m`), or
+ * an ISO 8601 date or time (`2026-12-01`, `2026-12-01T09:30`, with seconds, fractions and
+ * an offset optional; without an offset it is UTC).
+ */
+function sinceFlag(text: string): Date {
+  const duration = SINCE_DURATION.exec(text);
+  if (duration) return new Date(Date.now() - Number(duration[1]) * UNIT_MS[duration[2]]);
+  const time = SINCE_TIME.exec(text);
+  if (time) {
+    // A date alone is UTC midnight for Date too; a time without an offset would be local.
+    const date = new Date(text.includes("T") && time[1] === undefined ? `${text}Z` : text);
+    if (!Number.isNaN(date.getTime())) return date;
+  }
+  throw new UsageError(
+    `--since must be a duration such as 30s, 15m, 2h or 3d, or an ISO 8601 time such as ` +
+      `2026-12-01T09:30Z, got "${text}"`,
+  );
+}
+
 async function listCommand(args: string[]): Promise<number> {
   const parsed = parseSubcommand(args, {
-    queue: { type: "string" },
-    state: { type: "string" },
+    ...FILTER_FLAGS,
     limit: { type: "string" },
     json: { type: "boolean" },
   }, {
     help: LIST_HELP,
     positionals: [],
-    usage: "akadze jobs list [--queue Q] [--state S] [--limit N]",
+    usage: "akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N]",
   });
   if (!parsed) return 0;
   const { values, schema } = parsed;
-  const queue = values.queue === undefined ? undefined : queueArg(values.queue, "--queue");
-  let state: JobState | undefined;
-  if (values.state !== undefined) {
-    if (!(STATES as readonly string[]).includes(values.state)) {
-      throw new UsageError(`--state must be one of ${STATES.join(", ")}, got "${values.state}"`);
-    }
-    state = values.state as JobState;
-  }
+  const filter = filterFlags(values, STATES, schema) ?? { schema };
   const limit = values.limit === undefined ? 50 : integerFlag("--limit", values.limit, 1, 1000);
-  const jobs = await withSql((sql) => listJobs(sql, { queue, state, limit, schema }));
+  const jobs = await withSql((sql) => listJobs(sql, { ...filter, limit }));
   if (values.json) printJson(jobs.map(summaryJson));
   else printTable(LIST_COLUMNS, jobs);
   return 0;
@@ -218,6 +308,7 @@ async function showCommand(args: string[]): Promise<number> {
       ...e,
       error: redact(String(e.error), secrets),
       message: redact(String(e.message), secrets),
+      ...(typeof e.stack === "string" ? { stack: redact(e.stack, secrets) } : {}),
     }));
   }
   if (values.json) {
@@ -231,6 +322,10 @@ async function showCommand(args: string[]): Promise<number> {
   ]);
   for (const e of job.errors) {
     console.log(safeText(`error: ${oneLine(`${e.at} ${e.error}: ${e.message}`)}`));
+    if (typeof e.stack !== "string") continue;
+    for (const frame of e.stack.split("\n")) {
+      if (frame.trim() !== "") console.log(safeText(`  ${oneLine(frame)}`));
+    }
   }
   if (values.args) console.log(`args: ${safeJson(job.args ?? null)}`);
   if (values.result) console.log(`result: ${safeJson(job.result ?? null)}`);
@@ -241,36 +336,88 @@ function detailJson(job: JobDetail, args: boolean, result: boolean): Record<stri
   const out: Record<string, unknown> = {
     ...summaryJson(job),
     snoozes: job.snoozes,
-    errors: job.errors.map((e) => ({ error: e.error, message: e.message, at: e.at })),
+    errors: job.errors.map((e) => ({
+      error: e.error,
+      message: e.message,
+      at: e.at,
+      ...(typeof e.stack === "string" ? { stack: e.stack } : {}),
+    })),
   };
   if (args) out.args = job.args ?? null;
   if (result) out.result = job.result ?? null;
   return out;
 }
 
-async function requeueCommand(args: string[]): Promise<number> {
-  const parsed = parseSubcommand(args, {}, {
-    help: REQUEUE_HELP,
+/**
+ * Parse requeue or cancel: exactly one of ID or filters (a bulk change without any filter
+ * is refused, so a mistyped command cannot touch every job).
+ */
+function targetArgs(
+  args: string[],
+  command: "requeue" | "cancel",
+  help: string,
+  states: readonly string[],
+): { id: string; schema: string } | { filter: JobFilter; dryRun: boolean } | null {
+  const usage = `akadze jobs ${command} ID | akadze jobs ${command} [filters] [--dry-run]`;
+  const parsed = parseSubcommand(args, { ...FILTER_FLAGS, "dry-run": { type: "boolean" } }, {
+    help,
     positionals: ["ID"],
-    usage: "akadze jobs requeue ID",
+    usage,
+    optionalPositionals: true,
   });
-  if (!parsed) return 0;
-  const { positionals: [rawId], schema } = parsed;
-  const id = jobIdArg(rawId);
-  await withSql((sql) => requeue(sql, id, { schema }));
-  console.log(`requeued job ${id}`);
+  if (parsed === null) return null;
+  const { values, positionals, schema } = parsed;
+  const filter = filterFlags(values, states, schema);
+  if (positionals.length > 0 && filter !== null) {
+    throw new UsageError(`give a job ID or filters, not both: ${usage}`);
+  }
+  if (positionals.length > 0) {
+    if (values["dry-run"]) throw new UsageError(`--dry-run goes with filters: ${usage}`);
+    return { id: jobIdArg(positionals[0]), schema };
+  }
+  if (filter === null) {
+    throw new UsageError(
+      `missing ID or a filter (--task, --state, --queue or --since): ${usage}`,
+    );
+  }
+  return { filter, dryRun: !!values["dry-run"] };
+}
+
+async function requeueCommand(args: string[]): Promise<number> {
+  const target = targetArgs(args, "requeue", REQUEUE_HELP, ["failed"]);
+  if (!target) return 0;
+  if ("id" in target) {
+    const { id, schema } = target;
+    await withSql((sql) => requeue(sql, id, { schema }));
+    console.log(`requeued job ${id}`);
+    return 0;
+  }
+  const { requeued, skipped } = await withSql((sql) =>
+    requeueJobs(sql, target.filter, { dryRun: target.dryRun })
+  );
+  console.log(`${target.dryRun ? "would requeue" : "requeued"} ${jobs(requeued)}`);
+  for (const id of skipped) {
+    console.log(
+      `${target.dryRun ? "would skip" : "skipped"} job ${id}: another job with its ` +
+        "uniqueKey is queued or running",
+    );
+  }
   return 0;
 }
 
 async function cancelCommand(args: string[]): Promise<number> {
-  const parsed = parseSubcommand(args, {}, {
-    help: CANCEL_HELP,
-    positionals: ["ID"],
-    usage: "akadze jobs cancel ID",
-  });
-  if (!parsed) return 0;
-  const { positionals: [rawId], schema } = parsed;
-  const id = jobIdArg(rawId);
+  const target = targetArgs(args, "cancel", CANCEL_HELP, ["queued", "running"]);
+  if (!target) return 0;
+  if ("filter" in target) {
+    const n = await withSql((sql) => cancelJobs(sql, target.filter, { dryRun: target.dryRun }));
+    console.log(
+      target.dryRun
+        ? `would request the cancellation of ${jobs(n)}`
+        : `cancel requested for ${jobs(n)}`,
+    );
+    return 0;
+  }
+  const { id, schema } = target;
   const line = await withSql(async (sql) => {
     if (await requestCancel(sql, id, { schema })) return `cancel requested for job ${id}`;
     const job = await getJob(sql, id, { schema });
@@ -280,6 +427,10 @@ async function cancelCommand(args: string[]): Promise<number> {
   });
   console.log(line);
   return 0;
+}
+
+function jobs(n: number): string {
+  return `${n} job${n === 1 ? "" : "s"}`;
 }
 
 function oneLine(text: string): string {

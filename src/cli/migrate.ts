@@ -35,13 +35,18 @@ const COLUMNS: Column<MigrationStatus>[] = [
 
 /** Run `akadze migrate`; returns the exit code. */
 export async function migrateCommand(args: string[]): Promise<number> {
-  const { values } = parseFlags(args, {
-    status: { type: "boolean" },
-    json: { type: "boolean" },
-    "print-sql": { type: "boolean" },
-    schema: { type: "string" },
-    help: { type: "boolean", short: "h" },
-  });
+  const { values } = parseFlags(
+    args,
+    {
+      status: { type: "boolean" },
+      json: { type: "boolean" },
+      "print-sql": { type: "boolean" },
+      schema: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+    false,
+    "akadze migrate",
+  );
   if (values.help) {
     console.log(MIGRATE_HELP);
     return 0;

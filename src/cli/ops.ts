@@ -154,6 +154,8 @@ export interface SubcommandSpec {
   positionals: string[];
   /** The usage line quoted by positional-argument errors. */
   usage: string;
+  /** The positionals may also be left out altogether (then none are returned). */
+  optionalPositionals?: boolean;
 }
 
 /**
@@ -170,7 +172,16 @@ export function parseSubcommand<T extends NonNullable<ParseArgsConfig["options"]
   positionals: string[];
   schema: string;
 } | null {
-  const { values, positionals } = parseFlags(args, { ...options, ...SUBCOMMAND_FLAGS }, true);
+  // "akadze jobs show ID" → "akadze jobs show": the command whose --help to point at.
+  const words = spec.usage.split(" ");
+  const end = words.findIndex((word) => !/^[a-z]+$/.test(word));
+  const command = (end === -1 ? words : words.slice(0, end)).join(" ");
+  const { values, positionals } = parseFlags(
+    args,
+    { ...options, ...SUBCOMMAND_FLAGS },
+    true,
+    command,
+  );
   const common = values as { help?: boolean; schema?: string };
   if (common.help) {
     console.log(spec.help);
@@ -178,7 +189,9 @@ export function parseSubcommand<T extends NonNullable<ParseArgsConfig["options"]
   }
   return {
     values,
-    positionals: positionalArgs(positionals, spec.positionals, spec.usage),
+    positionals: spec.optionalPositionals && positionals.length === 0
+      ? []
+      : positionalArgs(positionals, spec.positionals, spec.usage),
     schema: schemaFlag(common.schema),
   };
 }

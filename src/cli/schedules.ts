@@ -66,11 +66,16 @@ const ISO_TIME =
   /^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2})?$/;
 
 async function listCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parseFlags(args, {
-    after: { type: "string" },
-    json: { type: "boolean" },
-    help: { type: "boolean", short: "h" },
-  }, true);
+  const { values, positionals } = parseFlags(
+    args,
+    {
+      after: { type: "string" },
+      json: { type: "boolean" },
+      help: { type: "boolean", short: "h" },
+    },
+    true,
+    "akadze schedules list",
+  );
   if (values.help) {
     console.log(LIST_HELP);
     return 0;

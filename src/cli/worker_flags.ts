@@ -118,7 +118,7 @@ forced by a second signal.`;
 
 /** Parse the arguments of `akadze worker` or `akadze dev`; usage errors name the flag. */
 export function parseWorkerCommandLine(args: string[], command: string): WorkerCommandLine {
-  const { values, positionals } = parseFlags(args, FLAGS, true);
+  const { values, positionals } = parseFlags(args, FLAGS, true, `akadze ${command}`);
   const logging: LoggingOptions = { format: "text", level: "info" };
   if (values.help) {
     return { help: true, app: "", worker: {}, logging, processes: 1, passthrough: [] };

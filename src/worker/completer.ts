@@ -8,6 +8,7 @@
  */
 import { isTransientError, PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { JobState, OnTransitionHook } from "../job.ts";
+import type { ErrorEntry } from "./error_entry.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 
 /** How a run ended, as the completer writes it. */
@@ -28,8 +29,13 @@ export interface Outcome {
   kind: OutcomeKind;
   /** The JSON result (succeeded only). */
   result?: unknown;
-  /** The error entry to append (`{ error, message }`; `at` is added from the database clock). */
-  error?: { error: string; message: string };
+  /**
+   * The error entry to append (`{ error, message, stack? }`; `at` is added from the
+   * database clock).
+   */
+  error?: ErrorEntry;
+  /** How long the failed run took, in milliseconds (for the log; not stored). */
+  durationMs?: number;
   /** Milliseconds until the job is ready again (retry, snooze). */
   delayMs?: number;
 }

@@ -1,10 +1,12 @@
 /**
- * Error entries: whatever a run threw, turned into the `{ error, message }` the database
- * stores on the job. Building one never throws (a Proxy whose every trap throws, a getter
- * that throws, a `toString` that throws), and the entry is always storable: the name at
+ * Error entries: whatever a run threw, turned into the `{ error, message, stack }` the
+ * database stores on the job. Building one never throws (a Proxy whose every trap throws,
+ * a getter that throws, a `toString` that throws), and the entry is always storable: the name at
  * most 200 characters and the message at most 500, both cut between characters (never
  * inside a surrogate pair), with NUL characters and lone surrogates removed. Credentials,
- * the job's argument string values and the input a data exception quotes are hidden.
+ * the job's argument string values and the input a data exception quotes are hidden. The
+ * stack keeps only its frames (`at fn (file:line:col)` lines), at most 20 of them and 4096
+ * characters, redacted the same way; it is read only when a run failed.
  *
  * @module
  */
@@ -14,6 +16,10 @@ import { hideQuotedInput, redact } from "../db.ts";
 export const NAME_MAX = 200;
 /** The longest stored error message. */
 export const MESSAGE_MAX = 500;
+/** The most stack frames stored. */
+export const STACK_FRAMES_MAX = 20;
+/** The longest stored stack. */
+export const STACK_MAX = 4_096;
 /** Argument strings shorter than this are too common to hide ("true", "id"...). */
 const SECRET_MIN = 4;
 /** At most this many argument strings are hidden (a message is checked against each). */
@@ -27,6 +33,11 @@ export interface ErrorEntry {
   error: string;
   /** What went wrong. */
   message: string;
+  /**
+   * Where it was thrown: the stack's frames, one `at …` per line, without the first line
+   * (it repeats name and message). Absent when the thrown value has no stack frames.
+   */
+  stack?: string;
 }
 
 /**
@@ -54,12 +65,14 @@ export function runSecrets(credentials: readonly string[], args: unknown): strin
 export function errorEntry(thrown: unknown, secrets: readonly string[]): ErrorEntry {
   let name = "Error";
   let message: string;
+  let stack: string | undefined;
   try {
     if (isErrorLike(thrown)) {
       const rawName = read(thrown, "name");
       if (typeof rawName === "string" && rawName.length > 0) name = rawName;
       const rawMessage = read(thrown, "message");
       message = rawMessage === undefined ? "" : text(rawMessage);
+      stack = stackFrames(read(thrown, "stack"), message);
       message = hideQuotedInput(message, read(thrown, "code"));
     } else {
       message = `non-Error thrown: ${text(thrown)}`;
@@ -67,10 +80,33 @@ export function errorEntry(thrown: unknown, secrets: readonly string[]): ErrorEn
   } catch {
     message = "non-Error thrown: a value that cannot be read";
   }
-  return {
+  const entry: ErrorEntry = {
     error: storableText(name, NAME_MAX, secrets),
     message: storableText(message, MESSAGE_MAX, secrets),
   };
+  if (stack !== undefined) entry.stack = storableText(stack, STACK_MAX, secrets);
+  return entry;
+}
+
+/**
+ * A stack's frame lines (at most {@linkcode STACK_FRAMES_MAX}), or undefined for none.
+ * The header (name and `message`, which may span lines) is skipped.
+ */
+function stackFrames(stack: unknown, message: string): string | undefined {
+  if (typeof stack !== "string") return undefined;
+  const frames: string[] = [];
+  let more = 0;
+  const at = message.length > 0 ? stack.indexOf(message) : -1;
+  const body = at >= 0 ? stack.slice(at + message.length) : stack;
+  for (const line of body.slice(0, WINDOW).split("\n")) {
+    const frame = line.trim();
+    if (!frame.startsWith("at ")) continue;
+    if (frames.length < STACK_FRAMES_MAX) frames.push(frame);
+    else more++;
+  }
+  if (frames.length === 0) return undefined;
+  if (more > 0) frames.push(`… ${more} more frame${more === 1 ? "" : "s"}`);
+  return frames.join("\n");
 }
 
 /**

@@ -71,13 +71,17 @@ export class Executor {
       (run, fn) => this.#completeTx(run, fn),
     );
     // Settled once: by the handler, or by an interrupt, whichever is first.
+    const startedAt = performance.now();
     let finished = false;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const finish = (settled: Settled) => {
       if (finished) return;
       finished = true;
       if (timer !== undefined) clearTimeout(timer);
-      onOutcome(this.#outcome(task, job, row.args, ctx, settled));
+      const outcome = this.#outcome(task, job, row.args, ctx, settled);
+      // Only a failed run's outcome says how long it took (the log of its failure).
+      if (outcome?.error) outcome.durationMs = Math.round(performance.now() - startedAt);
+      onOutcome(outcome);
     };
     const interrupt = (reason: Interrupt) => {
       if (finished) return;

@@ -72,7 +72,7 @@ interface Running {
 interface PendingOutcome {
   outcome: Outcome;
   /** For the log lines (absent for an orphan release). */
-  job?: { task: string; queue: string; attempt: number };
+  job?: { task: string; queue: string; attempt: number; max_attempts: number };
   /** Called once the outcome is written, discarded or left to the lease. */
   done: () => void;
 }
@@ -694,6 +694,7 @@ export class Worker {
           kind: p.outcome.kind,
           message: describeError(error),
         });
+        replacement.durationMs = p.outcome.durationMs;
         p.outcome = replacement;
         return await this.#writeBatch([p]);
       }
@@ -741,7 +742,7 @@ export class Worker {
     row: WrittenRow & { task?: string; queue?: string },
     from: string,
     outcome?: Outcome,
-    job?: { task: string; queue: string; attempt: number },
+    job?: { task: string; queue: string; attempt: number; max_attempts: number },
   ): void {
     const props = {
       jobId: row.id,
@@ -754,7 +755,11 @@ export class Worker {
       case "succeeded":
         return this.#log.info("job {jobId} succeeded", { event: "job_succeeded", ...props });
       case "failed":
-        return this.#log.warn("job {jobId} failed", { event: "job_failed", ...props });
+        return this.#log.warn(`job {jobId} ({task}) failed on ${FAILED_RUN}`, {
+          event: "job_failed",
+          ...props,
+          ...failedRun(outcome, job),
+        });
       case "cancelled":
         return this.#log.info("job {jobId} cancelled", { event: "job_cancelled", ...props });
       case "queued": {
@@ -763,11 +768,19 @@ export class Worker {
           : outcome?.kind === "release"
           ? "job_released"
           : "job_retrying";
-        return this.#log.info(`job {jobId} ${event.slice(4)}`, {
-          event,
-          ...props,
-          runAt: row.runAt === undefined ? undefined : new Date(row.runAt).toISOString(),
-        });
+        const runAt = row.runAt === undefined ? undefined : new Date(row.runAt).toISOString();
+        if (event === "job_retrying") {
+          return this.#log.info(
+            `job {jobId} ({task}) failed on ${FAILED_RUN}; retrying at {runAt}`,
+            {
+              event,
+              ...props,
+              ...failedRun(outcome, job),
+              runAt,
+            },
+          );
+        }
+        return this.#log.info(`job {jobId} ${event.slice(4)}`, { event, ...props, runAt });
       }
     }
   }
@@ -898,4 +911,24 @@ function hostname(): string {
   } catch {
     return "unknown-host";
   }
+}
+
+/** A failed run in a log line: its attempt, how long it ran and its stored error. */
+const FAILED_RUN = "attempt {attempt}/{maxAttempts} after {durationMs} ms: {error}: {message}";
+
+/**
+ * A failed run's log properties: the attempt budget, how long it ran and its stored
+ * error entry (name and message, already redacted: never the raw error, which may quote
+ * arguments). The stack stays in the database (`akadze jobs show`).
+ */
+function failedRun(
+  outcome: Outcome | undefined,
+  job: { max_attempts: number } | undefined,
+): { maxAttempts?: number; durationMs?: number; error: string; message: string } {
+  return {
+    maxAttempts: job?.max_attempts,
+    durationMs: outcome?.durationMs,
+    error: outcome?.error?.error ?? "Error",
+    message: outcome?.error?.message ?? "no error was recorded",
+  };
 }
