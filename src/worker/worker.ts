@@ -467,7 +467,14 @@ export class Worker {
     } catch {
       return; // the database is unreachable now: nothing to conclude
     }
-    if (arrived || !this.#running || this.#stopRequested) return;
+    if (arrived) {
+      this.#log.debug("notifications reach this worker", {
+        event: "listen_probed",
+        workerId: this.id,
+      });
+      return;
+    }
+    if (!this.#running || this.#stopRequested) return;
     const via = this.#app.listenUrl === undefined
       ? "LISTEN does not work through a connection pooler in transaction mode (such as " +
         "PgBouncer). Give the worker a direct connection to PostgreSQL for LISTEN (the app " +
