@@ -49,7 +49,8 @@ async function states(sql: Sql): Promise<{ state: string; attempt: number; run_c
 }
 
 Deno.test({
-  name: "through PgBouncer with a direct listenUrl, a job enqueued after start wakes the worker by notification",
+  name:
+    "through PgBouncer with a direct listenUrl, a job enqueued after start wakes the worker by notification",
   ignore,
   fn: () =>
     withPgBouncer("pgb_listen_url", async (direct, pooled, sql) => {
@@ -80,7 +81,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "through PgBouncer without listenUrl the worker says once that LISTEN cannot work, and jobs run by polling with prepare: false",
+  name:
+    "through PgBouncer without listenUrl the worker says once that LISTEN cannot work, and jobs run by polling with prepare: false",
   ignore,
   fn: () =>
     withPgBouncer("pgb_no_listen", async (_direct, pooled, sql) => {
@@ -100,11 +102,15 @@ Deno.test({
             30_000,
           );
           for (let n = 0; n < 20; n++) await work.enqueue({ n });
-          await waitFor(async () => {
-            const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+          await waitFor(
+            async () => {
+              const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
               where state = 'succeeded'`;
-            return n === 20;
-          }, "20 jobs to succeed by polling", 30_000);
+              return n === 20;
+            },
+            "20 jobs to succeed by polling",
+            30_000,
+          );
         } finally {
           await running.stop();
           await app.close();

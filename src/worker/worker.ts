@@ -443,7 +443,10 @@ export class Worker {
     }
     if (this.#listenFailing) {
       this.#listenFailing = false;
-      this.#log.info("listening for new jobs again", { event: "listen_started", workerId: this.id });
+      this.#log.info("listening for new jobs again", {
+        event: "listen_started",
+        workerId: this.id,
+      });
     }
     if (!this.#probed) {
       this.#probed = true;
