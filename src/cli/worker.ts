@@ -156,8 +156,12 @@ export async function runAppWorker(
     warnPoolSizeIgnored(app, line);
     // One check per start: a lone worker's, or the first start of a supervisor's slot 0,
     // for all its processes.
+    // Not with a listenUrl: the rest then goes through a pooler, whose clients are not the
+    // server's connections.
     const processes = line.slot === undefined ? 1 : line.budgetProcesses;
-    if (processes !== undefined) await checkConnectionBudget(app, processes);
+    if (processes !== undefined && app.listenUrl === undefined) {
+      await checkConnectionBudget(app, processes);
+    }
     const exit = await worker.run({ signal });
     if (exit.code !== 0) {
       console.error(`error: ${safeText(describeError(exit.message ?? exit.reason, secrets))}`);
