@@ -6,7 +6,8 @@ import { configure, type LogRecord, reset } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
-import { assert, assertEquals } from "./assert.ts";
+import { assert, assertEquals, assertThrows } from "./assert.ts";
+import { AkadzeError } from "../src/errors.ts";
 import { passthroughEnv, startWorker, waitFor, withDatabase } from "./_helpers.ts";
 import {
   APP_MODULE,
@@ -172,4 +173,44 @@ Deno.test("a LISTEN the server refuses (too many connections) leaves the worker 
       await sql.unsafe(`drop role ${role}`);
     }
   });
+});
+
+Deno.test("AKADZE_POOL_SIZE sizes the pool of an app that gives no max; a max in code wins", () => {
+  const url = "postgres://postgres@127.0.0.1:1/none";
+  Deno.env.set("AKADZE_POOL_SIZE", "3");
+  try {
+    assertEquals(new Akadze({ databaseUrl: url }).sql.options.max, 3);
+    assertEquals(new Akadze({ databaseUrl: url, max: 7 }).sql.options.max, 7);
+    Deno.env.set("AKADZE_POOL_SIZE", "zero");
+    const error = assertThrows(() => new Akadze({ databaseUrl: url }), AkadzeError);
+    assert(error.message.includes("AKADZE_POOL_SIZE"), error.message);
+  } finally {
+    Deno.env.delete("AKADZE_POOL_SIZE");
+  }
+  assertEquals(new Akadze({ databaseUrl: url }).sql.options.max, 10);
+  assertThrows(() => new Akadze({ databaseUrl: url, listenUrl: "db:5432" }), AkadzeError);
+});
+
+Deno.test("the worker says when the app's code sets a pool size other than --pool-size", async () => {
+  const module = APP_MODULE.replace(
+    `Deno.env.get("AKADZE_DATABASE_URL") }`,
+    `Deno.env.get("AKADZE_DATABASE_URL"), max: 3 }`,
+  );
+  assert(module !== APP_MODULE);
+  await withDatabase(
+    "budget_pool_conflict",
+    (db) =>
+      withDir({ "app.ts": module }, (dir) =>
+        withProcesses(async () => {
+          const env = { ...passthroughEnv(), AKADZE_DATABASE_URL: db.url };
+          const worker = spawnCli(
+            ["worker", `${dir}/app.ts`, "--pool-size", "2", "--batch", "--log-format", "json"],
+            env,
+          );
+          const out = await worker.done();
+          assertEquals(out.code, 0, out.stderr);
+          const [ignored] = worker.events("pool_size_ignored");
+          assertEquals([ignored.max, ignored.asked], [3, 2]);
+        })),
+  );
 });
