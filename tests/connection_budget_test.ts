@@ -155,6 +155,13 @@ Deno.test("a LISTEN the server refuses (too many connections) leaves the worker 
           "5 jobs to succeed by polling",
           30_000,
         );
+        // Once the server accepts it, the worker listens again.
+        await sql.unsafe(`alter role ${role} connection limit -1`);
+        await waitFor(
+          () => records.some((r) => r.properties.event === "listen_started"),
+          "the LISTEN to succeed",
+          30_000,
+        );
       } finally {
         const exit = await running.stop();
         assertEquals(exit.code, 0, exit.message);
