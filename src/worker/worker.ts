@@ -62,7 +62,7 @@ const CANCEL_EVERY = 1_000;
 /** How long after a failed LISTEN the worker tries again (it polls meanwhile). */
 const LISTEN_RETRY = 5_000;
 /** How long the listener's probe notification may take before LISTEN counts as not working. */
-const PROBE_TIMEOUT = 5_000;
+const PROBE_TIMEOUT = 10_000;
 
 interface Running {
   /** Null only while its start() has not returned. */
