@@ -5,7 +5,8 @@ import { configure, type LogRecord, reset } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { startWorker, waitFor, withDatabase } from "./_helpers.ts";
+import { startWorker, waitFor, withDatabase, within } from "./_helpers.ts";
+import { Listener } from "../src/worker/listener.ts";
 import { pgbouncerBinary, startPgBouncer, type ThrowawayPgBouncer } from "./_pgbouncer.ts";
 
 const ignore = pgbouncerBinary() === undefined;
@@ -148,5 +149,38 @@ Deno.test({
         }
         assertEquals(events(records, "listen_unavailable").length, 0);
       });
+    }),
+});
+
+Deno.test({
+  name: "a probe through PgBouncer that is still waiting ends when its run stops",
+  ignore,
+  fn: () =>
+    withPgBouncer("pgb_probe_stop", async (_direct, pooled) => {
+      const app = new Akadze({ databaseUrl: pooled });
+      const listener = new Listener(app.sql, app.schema, ["default"], {
+        onJobs: () => {},
+        onCancel: () => {},
+      });
+      try {
+        await listener.start();
+        const stop = new AbortController();
+        let sent = false;
+        const probe = listener.probe(
+          async (channel, payload) => {
+            await app.sql`select pg_notify(${channel}, ${payload})`;
+            sent = true;
+          },
+          600_000,
+          stop.signal,
+        );
+        await waitFor(() => sent, "the probe notification to be sent");
+        stop.abort();
+        // Far below the probe's own bound: the abort ended it.
+        assertEquals(await within(probe, 30_000, "the aborted probe"), false);
+      } finally {
+        await listener.stop();
+        await app.close();
+      }
     }),
 });

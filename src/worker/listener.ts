@@ -59,26 +59,34 @@ export class Listener {
 
   /**
    * Whether a notification sent with `send` (on another connection, as an enqueue would)
-   * reaches this listener within `timeoutMs`. The probe's payload is no queue name (those
+   * reaches this listener within `timeoutMs` (false when `signal` aborts first). The probe's payload is no queue name (those
    * have no space), so other workers ignore it.
    */
   async probe(
     send: (channel: string, payload: string) => Promise<unknown>,
     timeoutMs: number,
+    signal?: AbortSignal,
   ): Promise<boolean> {
     const payload = `${PROBE_PREFIX}${crypto.randomUUID()}`;
     let arrived!: () => void;
     const received = new Promise<boolean>((resolve) => arrived = () => resolve(true));
     this.#probes.set(payload, arrived);
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let onAbort = () => {};
     try {
       await send(jobsChannel(this.#schema), payload);
       return await Promise.race([
         received,
-        new Promise<boolean>((resolve) => timer = setTimeout(() => resolve(false), timeoutMs)),
+        new Promise<boolean>((resolve) => {
+          timer = setTimeout(() => resolve(false), timeoutMs);
+          onAbort = () => resolve(false);
+          if (signal?.aborted) onAbort();
+          signal?.addEventListener("abort", onAbort, { once: true });
+        }),
       ]);
     } finally {
       clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
       this.#probes.delete(payload);
     }
   }

@@ -114,6 +114,8 @@ export class Worker {
   #nextListen = 0;
   #listenFailing = false;
   #probed = false;
+  /** Ends a probe still waiting when the run ends. */
+  #probeStop = new AbortController();
   /** The loop's own connection (heartbeat, rescue, claim, cancel, schedules). */
   #connection: LoopConnection;
   #services: LoopService[] = [];
@@ -262,6 +264,7 @@ export class Worker {
     this.#nextListen = 0;
     this.#listenFailing = false;
     this.#probed = false;
+    this.#probeStop = new AbortController();
     if (this.#app.notify && this.#app.listenUrl !== undefined) {
       // Its own instance of one connection: the LISTEN goes to listenUrl, nothing else does.
       const options = this.#app.sql.options as { connection?: { application_name?: unknown } };
@@ -319,6 +322,7 @@ export class Worker {
       }
     } finally {
       clearInterval(watchdog);
+      this.#probeStop.abort();
       options.signal?.removeEventListener("abort", onAbort);
       await Promise.all([
         pruned ?? settleWithin(this.#pruning, RELEASE_TIMEOUT),
@@ -461,11 +465,13 @@ export class Worker {
    */
   async #probeListen(): Promise<void> {
     const sql = this.#connection.sql;
+    const stop = this.#probeStop.signal;
     let arrived: boolean;
     try {
       arrived = await this.#listener.probe(
         (channel, payload) => sql`select pg_notify(${channel}, ${payload})`,
         PROBE_TIMEOUT,
+        stop,
       );
     } catch {
       return; // the database is unreachable now: nothing to conclude
@@ -477,7 +483,7 @@ export class Worker {
       });
       return;
     }
-    if (!this.#running || this.#stopRequested) return;
+    if (stop.aborted || this.#stopRequested) return;
     const via = this.#app.listenUrl === undefined
       ? "LISTEN does not work through a connection pooler in transaction mode (such as " +
         "PgBouncer). Give the worker a direct connection to PostgreSQL for LISTEN (the app " +
