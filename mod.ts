@@ -62,6 +62,8 @@ export {
   knownVersions,
   migrate,
   type MigrateOptions,
+  migrationSql,
+  type MigrationSqlOptions,
   type MigrationStatus,
   migrationStatus,
   pendingVersions,
@@ -80,6 +82,7 @@ export {
   type TaskOptions,
 } from "./src/task.ts";
 export type { EnqueueOptions } from "./src/enqueue.ts";
+export type { NodePostgresClient } from "./src/node_postgres.ts";
 export { current, type JobContext } from "./src/context.ts";
 export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
 export type {
@@ -102,6 +105,7 @@ export type {
 } from "./src/standard_schema.ts";
 export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
 export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
+export { type FinishedOutcome, WorkerMetrics } from "./src/worker/worker_metrics.ts";
 export {
   type AdminOptions,
   clearLimit,

@@ -8,6 +8,7 @@ import { connect, DEFAULT_SCHEMA, describeError, quoteSchema, type Sql } from ".
 import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
 import { AkadzeError } from "./errors.ts";
 import type { Hooks } from "./job.ts";
+import { MAX_ARGS_BYTES } from "./enqueue.ts";
 import { isPlainObject } from "./json.ts";
 import { logger } from "./log.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
@@ -60,6 +61,11 @@ export interface AkadzeOptions {
   max?: number;
   /** Use prepared statements in the owned pool. Default false. */
   prepare?: boolean;
+  /**
+   * The largest arguments of one job, in bytes of JSON text (UTF-8): a bigger enqueue is
+   * refused with an `EnqueueError`. Default 1 MiB (1048576).
+   */
+  maxArgsBytes?: number;
 }
 
 /**
@@ -93,6 +99,7 @@ const APP_OPTION_NAMES = new Set([
   "listenUrl",
   "max",
   "prepare",
+  "maxArgsBytes",
 ]);
 const DAY_MS = 24 * 60 * 60 * 1000;
 // deno-lint-ignore no-explicit-any
@@ -128,6 +135,8 @@ export class Akadze {
   readonly notify: boolean;
   /** The URL of the workers' LISTEN connection, when it is not derived from the pool. */
   readonly listenUrl: string | undefined;
+  /** The largest arguments of one job, bytes of JSON text. */
+  readonly maxArgsBytes: number;
   /** Registered tasks by name. */
   readonly tasks: ReadonlyMap<string, AnyTask>;
   /** Hook arrays: push functions onto them. */
@@ -183,6 +192,11 @@ export class Akadze {
       );
     }
     this.listenUrl = listenUrl;
+    const maxArgsBytes = options.maxArgsBytes;
+    if (maxArgsBytes !== undefined && (!Number.isSafeInteger(maxArgsBytes) || maxArgsBytes < 1)) {
+      throw new AkadzeError(`maxArgsBytes must be a positive integer, got ${maxArgsBytes}`);
+    }
+    this.maxArgsBytes = maxArgsBytes ?? MAX_ARGS_BYTES;
     let max = options.max;
     if (max !== undefined && (!Number.isInteger(max) || max < 1)) {
       throw new AkadzeError(`max must be a positive integer, got ${max}`);

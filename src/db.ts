@@ -120,7 +120,8 @@ function osUser(): string | undefined {
   return readEnv("USERNAME") ?? readEnv("USER") ?? readEnv("LOGNAME");
 }
 
-const URL_CREDENTIALS = /([a-z][a-z0-9+.-]*:\/\/[^:/?#@\s]*):[^@/\s]*@/gi;
+// The scheme is bounded: unbounded, a long run of letters costs quadratic time to scan.
+const URL_CREDENTIALS = /([a-z][a-z0-9+.-]{0,31}:\/\/[^:/?#@\s]*):[^@/\s]*@/gi;
 const PASSWORD_PARAM = /(password=)[^&\s'"]*/gi;
 
 /**
@@ -302,9 +303,21 @@ export function isTransientError(error: unknown): boolean {
 }
 
 /**
+ * A PostgreSQL data exception (SQLSTATE class 22) quotes the input it refused, which may
+ * be a task argument (`invalid input syntax for type integer: "4111-…"`): its message
+ * with everything from the first to the last double quote replaced by `"***"`. Other
+ * messages are returned as they are (they quote names, not values).
+ */
+export function hideQuotedInput(message: string, code: unknown): string {
+  if (typeof code !== "string" || !/^22[0-9A-Z]{3}$/.test(code)) return message;
+  return message.replace(/"[\s\S]*"/, '"***"');
+}
+
+/**
  * A one-line, credential-free description of an error, for logs and CLI output: the
  * message (with the SQLSTATE or driver code when the message lacks it), whitespace
- * collapsed, passwords and the given secrets removed.
+ * collapsed, passwords, the input a data exception (SQLSTATE class 22) quotes, and the
+ * given secrets removed.
  *
  * @example
  * ```ts
@@ -318,12 +331,16 @@ export function isTransientError(error: unknown): boolean {
  */
 export function describeError(error: unknown, secrets: readonly string[] = []): string {
   let text: string;
-  if (error instanceof Error) {
-    const code = (error as { code?: unknown }).code;
-    text = error.message || error.name;
-    if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
-  } else {
-    text = String(error);
+  try {
+    if (error instanceof Error) {
+      const code = (error as { code?: unknown }).code;
+      text = hideQuotedInput(String(error.message || error.name), code);
+      if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
+    } else {
+      text = String(error);
+    }
+  } catch {
+    text = "an error that cannot be described"; // a Proxy, a getter or toString that throws
   }
   return redact(text.replace(/\s+/g, " ").trim(), secrets);
 }

@@ -13,9 +13,10 @@ import {
   type Sql,
   type TransactionSql,
 } from "./db.ts";
-import { AkadzeError, DuplicateJob, EnqueueError } from "./errors.ts";
+import { AkadzeError, DuplicateJob, EnqueueError, MAX_DELAY } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
+import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
 import {
   formatIssues,
   OWN_OUTPUT_ADVICE,
@@ -25,8 +26,13 @@ import {
 
 /** Per-enqueue options, given to `task.using(...)` (never mixed with task arguments). */
 export interface EnqueueOptions {
-  /** Run the INSERT on this connection or transaction (a rollback removes the job). */
-  session?: Sql | TransactionSql;
+  /**
+   * Run the INSERT on this connection or transaction (a rollback removes the job): a
+   * postgres.js instance or transaction, or a node-postgres client
+   * ({@linkcode NodePostgresClient}; not while the app has `onEnqueue` hooks, which take a
+   * postgres.js transaction).
+   */
+  session?: Sql | TransactionSql | NodePostgresClient;
   /** Milliseconds from now (database clock) until the job is ready. */
   delay?: number;
   /** When the job becomes ready. Not with `delay`. */
@@ -67,7 +73,12 @@ export interface EnqueueHost {
   readonly notify: boolean;
   /** The hooks (only `onEnqueue` is used here). */
   readonly hooks: { readonly onEnqueue: readonly OnEnqueueHook[] };
+  /** The largest arguments of one job, bytes of JSON text. Default {@linkcode MAX_ARGS_BYTES}. */
+  readonly maxArgsBytes?: number;
 }
+
+/** The default largest arguments of one job: 1 MiB of JSON text (UTF-8). */
+export const MAX_ARGS_BYTES = 1_048_576;
 
 /** What enqueue needs from a task. */
 export interface EnqueueTarget {
@@ -100,6 +111,10 @@ export function checkQueueName(
   }
   return queue;
 }
+
+// The SQL functions akadze.enqueue() and enqueue_many() (migrations/0003_sql_enqueue.sql)
+// check the same ranges with the same messages, and leave names, key lengths and the shape of
+// the arguments to the domains of migrations/0001_init.sql: change them together.
 
 /** The smallint range of priorities. */
 export const PRIORITY_MIN = -32768;
@@ -134,19 +149,64 @@ export async function enqueueJobs(
 ): Promise<string[]> {
   const base = checkOptions(target, options);
   const many = argsList.length > 1;
+  const maxBytes = host.maxArgsBytes ?? MAX_ARGS_BYTES;
   const checked: Record<string, unknown>[] = [];
+  const texts: string[] = [];
   for (let i = 0; i < argsList.length; i++) {
-    const args = checkArgs(target, argsList[i], many ? i : undefined);
-    checked.push(args instanceof Promise ? await args : args);
+    const index = many ? i : undefined;
+    const pending = checkArgs(target, argsList[i], index);
+    const args = pending instanceof Promise ? await pending : pending;
+    checked.push(args);
+    texts.push(checkSize(target, JSON.stringify(args), maxBytes, index));
   }
   checkQueueName(base.queue, EnqueueError);
   if (checked.length === 0) return [];
+  if (checked.length > 1 && base.unique_key !== null) {
+    // Each job after the first would find the key held by the first.
+    throw new DuplicateJob(
+      `the ${checked.length} jobs of this batch cannot share uniqueKey ` +
+        `${JSON.stringify(base.unique_key)}: at most one job per key is queued or running; ` +
+        "nothing of this batch was enqueued",
+    );
+  }
+  if (host.hooks.onEnqueue.length > 0 && isNodePostgres(options.session)) {
+    throw new EnqueueError(
+      `cannot enqueue task "${target.name}" on a node-postgres session: this app has ` +
+        "onEnqueue hooks, which run in the enqueue's transaction and take a postgres.js " +
+        "transaction; enqueue on a postgres.js session (app.sql, or a transaction of it) " +
+        "instead; nothing was enqueued",
+    );
+  }
   return await explainMissingSchema(
     host.schema,
-    () => insertRows(host, base, checked, options.session),
+    () => insertRows(host, base, checked, texts, options.session),
     EnqueueError,
     `cannot enqueue task "${target.name}": `,
   );
+}
+
+/**
+ * Refuse arguments over `maxBytes` of JSON text before they reach the database (which
+ * would take its time over a huge value, then fail with its own error). Returns the text.
+ */
+function checkSize(
+  target: EnqueueTarget,
+  text: string,
+  maxBytes: number,
+  index: number | undefined,
+): string {
+  // A UTF-16 unit is 1 to 3 bytes of UTF-8: count bytes only when the length cannot decide.
+  if (text.length * 3 <= maxBytes) return text;
+  const bytes = text.length > maxBytes ? text.length : new TextEncoder().encode(text).length;
+  if (bytes > maxBytes) {
+    throw new EnqueueError(
+      `arguments for ${which(target, index)} are ${
+        text.length > maxBytes ? "at least " : ""
+      }${bytes} bytes of JSON, over the limit of ${maxBytes} bytes (the Akadze option ` +
+        "maxArgsBytes); store large data elsewhere and pass a reference",
+    );
+  }
+  return text;
 }
 
 function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
@@ -162,8 +222,14 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   if (delay !== undefined && runAt !== undefined) {
     throw new EnqueueError("delay and runAt cannot both be set");
   }
-  if (delay !== undefined && (typeof delay !== "number" || !Number.isFinite(delay) || delay < 0)) {
-    throw new EnqueueError(`delay must be a non-negative number of milliseconds, got ${delay}`);
+  if (
+    delay !== undefined &&
+    (typeof delay !== "number" || !Number.isFinite(delay) || delay < 0 || delay > MAX_DELAY)
+  ) {
+    throw new EnqueueError(
+      `delay must be a non-negative number of milliseconds, at most ${MAX_DELAY} (365 days), ` +
+        `got ${delay}`,
+    );
   }
   for (const [name, value] of [["runAt", runAt], ["expiresAt", expiresAt]] as const) {
     if (value !== undefined && !(value instanceof Date && Number.isFinite(value.getTime()))) {
@@ -184,8 +250,14 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   }
   const uniqueKey = checkKey("uniqueKey", options.uniqueKey);
   const limitKey = checkKey("limitKey", options.limitKey);
-  if (session !== undefined && typeof (session as { unsafe?: unknown }).unsafe !== "function") {
-    throw new EnqueueError("session must be a postgres.js sql instance or transaction");
+  if (
+    session !== undefined && typeof (session as { unsafe?: unknown }).unsafe !== "function" &&
+    !isNodePostgres(session)
+  ) {
+    throw new EnqueueError(
+      "session must be a postgres.js sql instance or transaction, or a node-postgres client " +
+        "(pg.Client, a client from pool.connect(), or pg.Pool)",
+    );
   }
   return {
     task: target.name,
@@ -264,58 +336,67 @@ function which(target: EnqueueTarget, index: number | undefined): string {
   return `task "${target.name}"${index === undefined ? "" : ` (element ${index})`}`;
 }
 
+/** Insert the jobs; `texts` are the arguments' JSON texts, in the order of `argsList`. */
 async function insertRows(
   host: EnqueueHost,
   base: Base,
   argsList: Record<string, unknown>[],
-  session: Sql | TransactionSql = host.sql,
+  texts: string[],
+  session: Sql | TransactionSql | NodePostgresClient = host.sql,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
   const one = argsList.length === 1;
-  const unique = base.unique_key !== null;
-  // One statement is atomic on its own; a hook or a batch that may partly collide needs a
-  // transaction (or a savepoint in the caller's) so that failure undoes this enqueue only.
-  const atomic = hooks.length > 0 || (!one && unique);
-  const run = async (tx: Sql | TransactionSql): Promise<string[]> => {
-    const params = [
-      base.task,
-      base.queue,
-      base.priority,
-      JSON.stringify(one ? argsList[0] : argsList),
-      base.max_attempts,
-      base.run_at,
-      base.delay_ms,
-      base.expires_at,
-      base.unique_key,
-      base.limit_key,
-    ];
-    if (host.notify) params.push(jobsChannel(host.schema));
-    const text = insertStatement(host, { one, unique, full: hooks.length > 0 });
-    const inserted = await tx.unsafe(text, params as string[], PREPARED);
+  const params = [
+    base.task,
+    base.queue,
+    base.priority,
+    // The same text as JSON.stringify of the list: no spaces, elements in order.
+    one ? texts[0] : `[${texts.join(",")}]`,
+    base.max_attempts,
+    base.run_at,
+    base.delay_ms,
+    base.expires_at,
+    base.unique_key,
+    base.limit_key,
+  ];
+  if (host.notify) params.push(jobsChannel(host.schema));
+  const text = insertStatement(host, {
+    one,
+    unique: base.unique_key !== null,
+    full: hooks.length > 0,
+  });
+  const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
+    const inserted = isNodePostgres(tx)
+      ? (await tx.query(text, params)).rows as Record<string, unknown>[]
+      : await tx.unsafe(text, params as string[], PREPARED);
+    // A batch never shares a uniqueKey (enqueueJobs refuses it), so only one job can collide.
     if (inserted.length < argsList.length) {
       throw new DuplicateJob(
-        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running` +
-          (one ? "" : "; nothing of this batch was enqueued"),
+        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running`,
       );
     }
     for (const row of inserted) {
       const job: EnqueuedJob = {
-        id: row.id,
+        id: row.id as string,
         task: base.task,
         queue: base.queue,
         priority: base.priority,
         maxAttempts: base.max_attempts,
-        runAt: row.run_at,
-        expiresAt: row.expires_at,
+        runAt: row.run_at as Date,
+        expiresAt: row.expires_at as Date | null,
         uniqueKey: base.unique_key,
         limitKey: base.limit_key,
-        args: row.args,
+        args: row.args as Record<string, unknown>,
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);
     }
     return inserted.map((r) => r.id as string);
   };
-  return atomic ? await atomically(session, run) : await run(session);
+  // One statement is atomic on its own; hooks need a transaction (or a savepoint in the
+  // caller's) so that their failure undoes this enqueue only. Hooks never come with a
+  // node-postgres session (enqueueJobs refuses it).
+  if (hooks.length === 0) return await run(session);
+  return await atomically(session as Sql | TransactionSql, run);
 }
 
 const statements = new Map<string, string>();

@@ -97,17 +97,28 @@ export class MigrateError extends AkadzeError {}
  */
 const CONTROL = Symbol.for("akadze.control");
 
-/** The kind of control exception `error` is, or undefined. */
+/** The kind of control exception `error` is, or undefined (also for a value that throws when read). */
 export function controlKind(error: unknown): "Retry" | "Snooze" | "Fail" | "Cancel" | undefined {
-  const kind = (error as { [CONTROL]?: unknown } | null)?.[CONTROL];
+  let kind: unknown;
+  try {
+    kind = (error as { [CONTROL]?: unknown } | null)?.[CONTROL];
+  } catch {
+    return undefined; // a Proxy whose every trap throws, say
+  }
   return kind === "Retry" || kind === "Snooze" || kind === "Fail" || kind === "Cancel"
     ? kind
     : undefined;
 }
 
+/**
+ * The longest delay, in milliseconds, that a `Retry`, a `Snooze`, a task's `backoff` or an
+ * enqueue's `delay` may ask for: 365 days.
+ */
+export const MAX_DELAY = 365 * 24 * 60 * 60 * 1000;
+
 /** Options of {@linkcode Retry}. */
 export interface RetryOptions {
-  /** Milliseconds until the next attempt; default: the task's backoff. */
+  /** Milliseconds until the next attempt (0 to 365 days); default: the task's backoff. */
   delay?: number;
 }
 
@@ -134,8 +145,8 @@ export class Retry extends Error {
 }
 
 /**
- * Thrown by a handler: put the job back for `delay` milliseconds without spending an
- * attempt (`snoozes` counts them).
+ * Thrown by a handler: put the job back for `delay` milliseconds (0 to 365 days) without
+ * spending an attempt (`snoozes` counts them). Any other delay counts as a failed attempt.
  *
  * @example
  * ```ts ignore

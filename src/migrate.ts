@@ -6,6 +6,7 @@
  */
 import init from "../migrations/0001_init.sql" with { type: "text" };
 import limitKeyOrder from "../migrations/0002_limit_key_order.sql" with { type: "text" };
+import sqlEnqueue from "../migrations/0003_sql_enqueue.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -23,9 +24,10 @@ export interface Migration {
 }
 
 /** Every schema version, in the order they apply. */
-const MIGRATIONS: readonly Migration[] = [
+export const MIGRATIONS: readonly Migration[] = [
   { version: "0001_init", sql: init },
   { version: "0002_limit_key_order", sql: limitKeyOrder },
+  { version: "0003_sql_enqueue", sql: sqlEnqueue },
 ];
 
 /** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */
@@ -82,13 +84,7 @@ export async function applyMigrations(
     let current = "";
     try {
       return await sql.begin(async (tx) => {
-        await tx`select pg_advisory_xact_lock(hashtextextended(${"akadze:migrate:" + schema}, 0))`;
-        await tx.unsafe(`create schema if not exists ${schema}`);
-        await tx.unsafe(
-          `create table if not exists ${schema}.schema_migrations (
-             version text primary key,
-             applied_at timestamptz not null default now())`,
-        );
+        for (const statement of preamble(schema)) await tx.unsafe(statement);
         const rows = await tx.unsafe(`select version from ${schema}.schema_migrations`);
         const done = new Set(rows.map((r) => r.version as string));
         const applied: string[] = [];
@@ -97,7 +93,7 @@ export async function applyMigrations(
           current = migration.version;
           // No parameters: postgres.js sends it as a simple query, so $$ bodies and many
           // statements in one file work.
-          await tx.unsafe(migration.sql.replaceAll("{{schema}}", schema));
+          await tx.unsafe(versionSql(migration, schema));
           await tx.unsafe(`insert into ${schema}.schema_migrations (version) values ($1)`, [
             migration.version,
           ]);
@@ -113,6 +109,97 @@ export async function applyMigrations(
       );
     }
   });
+}
+
+/**
+ * What every migration run does first, in its transaction: take the lock that makes
+ * concurrent runs (several workers deploying at once, or another tool applying
+ * {@linkcode migrationSql}'s script) wait for each other, then create the schema and its
+ * version table when missing. `schema` is quoted.
+ */
+function preamble(schema: string): string[] {
+  return [
+    // The schema is checked and quoted by quoteSchema, so it can be a literal here. A DO
+    // block, so that the script returns no rows where a tool expects none.
+    `do $$ begin perform pg_advisory_xact_lock(hashtextextended('akadze:migrate:${schema}', 0)); end $$`,
+    `create schema if not exists ${schema}`,
+    `create table if not exists ${schema}.schema_migrations (
+  version text primary key,
+  applied_at timestamptz not null default now())`,
+  ];
+}
+
+/** A version's SQL for the (quoted) schema. */
+function versionSql(migration: Migration, schema: string): string {
+  return migration.sql.replaceAll("{{schema}}", schema);
+}
+
+/** Options of {@linkcode migrationSql}. */
+export interface MigrationSqlOptions {
+  /** The schema that holds akadze's tables. Default `"akadze"`. */
+  schema?: string;
+}
+
+/**
+ * The SQL script of every schema version of this release, for teams whose migrations
+ * are owned by another tool (Flyway, dbmate, sqitch, Prisma, Rails, ...): save it as one of
+ * that tool's migrations. `akadze migrate --print-sql` prints it.
+ *
+ * The script does what {@linkcode migrate} does: it takes migrate's advisory lock, creates
+ * the schema and its `schema_migrations` table when missing, and applies each version
+ * that table does not record, recording it. So it is idempotent: on a database where
+ * `akadze migrate` (or an earlier script) applied some versions it applies only the rest,
+ * and afterwards `akadze migrate`, the worker and `akadze health` see every version as
+ * applied. After upgrading akadze, save the new release's script as a new migration.
+ * Run it in one transaction (most tools do; psql: `--single-transaction`); run as separate
+ * statements, each version still applies whole or not at all.
+ *
+ * @example
+ * ```ts
+ * import { migrationSql } from "@akadze/akadze";
+ *
+ * const script = migrationSql({ schema: "akadze" });
+ * console.log(script.split("\n")[0]); // "-- akadze schema "akadze": versions 0001_init, ..."
+ * ```
+ */
+export function migrationSql(options: MigrationSqlOptions = {}): string {
+  const schema = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
+  const versions = MIGRATIONS.map((m) => m.version);
+  const parts = [
+    `-- akadze schema ${schema}: versions ${versions.join(", ")}.`,
+    "-- From akadze migrate --print-sql (or migrationSql()). Run it in one transaction.",
+    `-- Each version applies only when ${schema}.schema_migrations does not record it, and`,
+    "-- is recorded there, so akadze migrate, the worker and akadze health see it as applied.",
+    "",
+    ...preamble(schema).map((statement) => `${statement};`),
+  ];
+  for (const migration of MIGRATIONS) {
+    // A version's SQL runs as the string of an EXECUTE, dollar-quoted with a tag it
+    // cannot contain ($$ bodies inside it stay as they are).
+    const tag = `$akadze_${migration.version}$`;
+    const body = versionSql(migration, schema);
+    if (
+      !/^[0-9a-z_]+$/.test(migration.version) || body.includes(tag) ||
+      body.includes("$akadze_migrate$")
+    ) {
+      throw new MigrateError(`cannot print version ${migration.version}`);
+    }
+    parts.push(
+      "",
+      `-- version ${migration.version}`,
+      "DO $akadze_migrate$",
+      "BEGIN",
+      `  IF NOT EXISTS (SELECT FROM ${schema}.schema_migrations WHERE version = '${migration.version}') THEN`,
+      `    EXECUTE ${tag}`,
+      body.trimEnd(),
+      `${tag};`,
+      `    INSERT INTO ${schema}.schema_migrations (version) VALUES ('${migration.version}');`,
+      "  END IF;",
+      "END",
+      "$akadze_migrate$;",
+    );
+  }
+  return parts.join("\n") + "\n";
 }
 
 /**

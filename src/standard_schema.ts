@@ -94,12 +94,25 @@ export const OWN_OUTPUT_ADVICE = "The worker validates the stored arguments agai
   "run: keep conversions out of the schema (do them in the handler), or make it accept what " +
   "it returns.";
 
-/** Format issues as `field: message; other.field: message`. */
+/**
+ * Format issues as `field: message; other.field: message`. The value a validator quotes
+ * after "received" (`Expected number but received "4111-…"`) is replaced by `***` (a type
+ * name such as `number` is kept): the text ends up in errors, logs and stored jobs, and
+ * arguments may be secret.
+ */
 export function formatIssues(issues: ReadonlyArray<StandardSchemaIssue>): string {
   return issues.slice(0, 5).map((issue) => {
     const path = (issue.path ?? []).map((p) =>
       String(typeof p === "object" && p !== null ? p.key : p)
     ).join(".");
-    return path ? `${path}: ${issue.message}` : issue.message;
+    const message = hideReceived(String(issue.message));
+    return path ? `${path}: ${message}` : message;
   }).join("; ") + (issues.length > 5 ? `; and ${issues.length - 5} more` : "");
+}
+
+function hideReceived(message: string): string {
+  return message.replace(
+    /(\breceived:?\s*)([\s\S]+)$/i,
+    (all, head: string, value: string) => /^[A-Za-z]+$/.test(value.trim()) ? all : `${head}***`,
+  );
 }

@@ -101,8 +101,9 @@ export function assertTestDatabaseUrl(databaseUrl: string): string {
 
 /**
  * Create a fresh, empty database for one test file. Uses `AKADZE_DATABASE_URL`'s server
- * when set (after {@linkcode assertTestDatabaseUrl}), else starts a throwaway server that
- * `close()` stops.
+ * when set (after {@linkcode assertTestDatabaseUrl}; the own URL of a server that
+ * {@linkcode startThrowawayPostgres} started is accepted too), else starts a throwaway
+ * server that `close()` stops.
  *
  * @example
  * ```ts ignore
@@ -117,7 +118,11 @@ export async function createTestDatabase(
   let base = options.databaseUrl ?? Deno.env.get(DATABASE_URL_ENV);
   let server: ThrowawayPostgres | undefined;
   if (base) {
-    assertTestDatabaseUrl(base);
+    try {
+      assertTestDatabaseUrl(base);
+    } catch (error) {
+      if (!await isThrowawayMaintenanceUrl(base)) throw error;
+    }
   } else {
     server = await startThrowawayPostgres();
     base = server.url;
@@ -149,6 +154,28 @@ export async function createTestDatabase(
         }
       })(),
   };
+}
+
+/**
+ * Whether `url` is the `postgres` database of a server {@linkcode startThrowawayPostgres}
+ * started (its data directory is a private `akadze-pg-*` one): the whole server is
+ * disposable, so test databases may be created on it.
+ */
+async function isThrowawayMaintenanceUrl(url: string): Promise<boolean> {
+  try {
+    if (new URL(url).pathname !== "/postgres") return false;
+  } catch {
+    return false;
+  }
+  const sql = postgres(url, { max: 1, onnotice: () => {}, connect_timeout: 10 });
+  try {
+    const [{ dir }] = await sql`select current_setting('data_directory') as dir`;
+    return /[\\/]akadze-pg-[^\\/]+[\\/]data$/.test(dir);
+  } catch {
+    return false; // unreachable, or not allowed to read the setting: not ours
+  } finally {
+    await sql.end({ timeout: 1 });
+  }
 }
 
 /**

@@ -56,6 +56,43 @@ export async function runCli(
   };
 }
 
+/**
+ * Run a psql script (from stdin) against `url`: -X no ~/.psqlrc, -At bare rows, errors
+ * with their SQLSTATE; stops at the first error unless `stopOnError: false`. `args` adds
+ * psql flags (e.g. --single-transaction).
+ */
+export async function psql(
+  url: string,
+  script: string,
+  options: { stopOnError?: boolean; args?: string[] } = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const child = new Deno.Command("psql", {
+    args: [
+      url,
+      "-X",
+      "-q",
+      "-A",
+      "-t",
+      "-v",
+      `ON_ERROR_STOP=${options.stopOnError === false ? 0 : 1}`,
+      "-v",
+      "VERBOSITY=verbose",
+      ...(options.args ?? []),
+    ],
+    // No "already exists, skipping" notices on stderr.
+    env: { PGOPTIONS: "-c client_min_messages=warning" },
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const writer = child.stdin.getWriter();
+  await writer.write(new TextEncoder().encode(script));
+  await writer.close();
+  const out = await child.output();
+  const text = new TextDecoder();
+  return { code: out.code, stdout: text.decode(out.stdout), stderr: text.decode(out.stderr) };
+}
+
 /** Wait until `check` returns a truthy value, polling; fail after `timeoutMs`. */
 export async function waitFor<T>(
   check: () => Promise<T> | T,

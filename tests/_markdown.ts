@@ -22,7 +22,7 @@ export interface Block {
 const FENCE = /^(\s*)(`{3,}|~{3,})\s*([\w-]*)([^\n]*)$/;
 const PRELUDE = /<!--\s*prelude:([\s\S]*?)-->\s*$/;
 /** "Save this as `app.ts`" (or "save it as"), the way the docs name a sample's file. */
-const SAVE_AS = /\bsave (?:this|it) as `([\w./-]+)`/gi;
+const SAVE_AS = /\bsave\s+(?:this|it)\s+as\s+`([\w./-]+)`/gi;
 
 /** Every fenced block of a Markdown text, in order. */
 export function extractBlocks(file: string, markdown: string): Block[] {

@@ -1,6 +1,7 @@
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
-import { runCli, withDatabase } from "./_helpers.ts";
+import { psql, runCli, withDatabase } from "./_helpers.ts";
+import { knownVersions, migrationSql } from "../src/migrate.ts";
 
 Deno.test("akadze --version prints the version of deno.json", async () => {
   const out = await runCli(["--version"], {});
@@ -21,11 +22,8 @@ Deno.test("akadze migrate prints applied versions, then schema up to date", asyn
   await withDatabase("cli_migrate", async (db) => {
     const env = { AKADZE_DATABASE_URL: db.url };
     const first = await runCli(["migrate"], env);
-    assertEquals([first.code, first.stdout, first.stderr], [
-      0,
-      "applied 0001_init\napplied 0002_limit_key_order\n",
-      "",
-    ]);
+    const applied = knownVersions().map((v) => `applied ${v}\n`).join("");
+    assertEquals([first.code, first.stdout, first.stderr], [0, applied, ""]);
     const second = await runCli(["migrate"], env);
     assertEquals([second.code, second.stdout], [0, "schema up to date\n"]);
   }, { migrated: false });
@@ -38,33 +36,70 @@ Deno.test("akadze migrate --status lists versions as a table or --json, never li
     assertEquals([pending.code, pending.stderr], [0, ""]);
     assertEquals(
       pending.stdout,
-      "VERSION\tSTATE\tAPPLIED_AT\n0001_init\tpending\t-\n0002_limit_key_order\tpending\t-\n",
+      "VERSION\tSTATE\tAPPLIED_AT\n" + knownVersions().map((v) => `${v}\tpending\t-\n`).join(""),
     );
     const pendingJson = await runCli(["migrate", "--status", "--json"], env);
-    assertEquals(JSON.parse(pendingJson.stdout), [
-      { version: "0001_init", state: "pending", appliedAt: null },
-      { version: "0002_limit_key_order", state: "pending", appliedAt: null },
-    ]);
+    assertEquals(
+      JSON.parse(pendingJson.stdout),
+      knownVersions().map((version) => ({ version, state: "pending", appliedAt: null })),
+    );
     await runCli(["migrate"], env);
-    const [{ at }, { at: at2 }] = await sql`
-      select applied_at as at from akadze.schema_migrations order by version`;
+    // One migrate, one transaction: every version has the same time.
+    const [{ at }] = await sql`select max(applied_at) as at from akadze.schema_migrations`;
     const applied = await runCli(["migrate", "--status"], env);
     assertEquals([applied.code, applied.stderr], [0, ""]);
     assertEquals(
       applied.stdout,
-      `VERSION\tSTATE\tAPPLIED_AT\n0001_init\tapplied\t${at.toISOString()}\n` +
-        `0002_limit_key_order\tapplied\t${at2.toISOString()}\n`,
+      "VERSION\tSTATE\tAPPLIED_AT\n" +
+        knownVersions().map((v) => `${v}\tapplied\t${at.toISOString()}\n`).join(""),
     );
     assert(!/^applied /m.test(applied.stdout), "not the output of a real migration");
     const json = await runCli(["migrate", "--status", "--json"], env);
-    assertEquals(JSON.parse(json.stdout), [
-      { version: "0001_init", state: "applied", appliedAt: at.toISOString() },
-      { version: "0002_limit_key_order", state: "applied", appliedAt: at2.toISOString() },
-    ]);
+    assertEquals(
+      JSON.parse(json.stdout),
+      knownVersions().map((version) => ({
+        version,
+        state: "applied",
+        appliedAt: at.toISOString(),
+      })),
+    );
     const misuse = await runCli(["migrate", "--json"], env);
     assertEquals(misuse.code, 2);
     assertMatch(misuse.stderr, /^error: --json goes with --status\n$/);
   }, { migrated: false });
+});
+
+Deno.test("akadze migrate --print-sql prints a script for another migration tool, no database needed", async () => {
+  const out = await runCli(["migrate", "--print-sql", "--schema", "app_jobs"], {});
+  assertEquals([out.code, out.stderr], [0, ""]);
+  assertEquals(out.stdout, migrationSql({ schema: "app_jobs" }));
+  await withDatabase("cli_print_sql", async (db, sql) => {
+    const applied = await psql(db.url, out.stdout, { args: ["--single-transaction"] });
+    assertEquals([applied.code, applied.stderr], [0, ""]);
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const status = await runCli(["migrate", "--status", "--json", "--schema", "app_jobs"], env);
+    assertEquals(
+      JSON.parse(status.stdout).map((
+        m: { version: string; state: string },
+      ) => [m.version, m.state]),
+      knownVersions().map((v) => [v, "applied"]),
+    );
+    const migrate = await runCli(["migrate", "--schema", "app_jobs"], env);
+    assertEquals([migrate.code, migrate.stdout], [0, "schema up to date\n"]);
+    const [{ id }] = await sql`select app_jobs.enqueue('t') as id`;
+    assertMatch(id, /^\d+$/);
+  }, { migrated: false });
+  for (
+    const [args, message] of [
+      [["--print-sql", "--status"], /^error: --print-sql and --status cannot be combined\n$/],
+      [["--print-sql", "--json"], /^error: --json goes with --status\n$/],
+      [["--print-sql", "--schema", "Bad"], /^error: --schema: schema must be a lower-case/],
+    ] as const
+  ) {
+    const misuse = await runCli(["migrate", ...args], {});
+    assertEquals(misuse.code, 2, misuse.stderr);
+    assertMatch(misuse.stderr, message);
+  }
 });
 
 Deno.test("a missing AKADZE_DATABASE_URL is a usage error (exit 2, one line)", async () => {

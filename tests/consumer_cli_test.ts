@@ -7,20 +7,12 @@ import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { passthroughEnv, waitFor, withDatabase } from "./_helpers.ts";
 import { MOD, ROOT, SLOW } from "./_processes.ts";
+import { installedPath, withInstalledAkadze } from "./_install.ts";
 import { planCompile } from "../src/cli/compile.ts";
+import { configOfFlags } from "../src/cli/app_config.ts";
 import { parseAppTarget } from "../src/cli/load_app.ts";
 
-/** The install line of the README. */
-const INSTALL_PERMISSIONS = [
-  "--allow-net",
-  "--allow-env",
-  "--allow-sys=hostname,uid",
-  "--allow-read",
-  "--allow-write",
-  "--allow-run",
-];
 const WORKER_PERMISSIONS = ["--allow-net", "--allow-env", "--allow-sys=hostname", "--allow-read"];
-const DENO_DIR = Deno.execPath().replace(/[\\/][^\\/]+$/, "");
 
 const APP = `
 import ms from "ms";
@@ -36,6 +28,11 @@ export const greet = app.task("greet", { args: z.object({ name: z.string() }) },
 });
 
 app.periodic("hourly", { every: ms("1h") }, () => {});
+
+export const hold = app.task("hold", async (_args, ctx) => {
+  await Deno.writeTextFile(Deno.env.get("MARKER")!, "started");
+  await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+});
 
 if (Deno.env.get("ENQUEUE_ON_LOAD")) await greet.enqueue({ name: "dev" });
 `;
@@ -75,29 +72,6 @@ async function withProject(
   }
 }
 
-/** `akadze` installed as the README says, into a temporary root. */
-async function withInstalledAkadze(fn: (akadze: string) => Promise<void>): Promise<void> {
-  const root = await Deno.makeTempDir({ prefix: "akadze-consumer-install-" });
-  try {
-    const install = await run(Deno.execPath(), [
-      "install",
-      "--global",
-      "--root",
-      root,
-      "--name",
-      "akadze",
-      "--config",
-      `${ROOT}deno.json`,
-      ...INSTALL_PERMISSIONS,
-      `${ROOT}cli.ts`,
-    ], ROOT);
-    assertEquals(install.code, 0, install.stderr);
-    await fn(`${root}/bin/akadze`);
-  } finally {
-    await Deno.remove(root, { recursive: true }).catch(() => {});
-  }
-}
-
 function command(
   cmd: string,
   args: string[],
@@ -111,7 +85,7 @@ function command(
     env: {
       NO_COLOR: "1",
       ...passthroughEnv(),
-      PATH: `${DENO_DIR}:${Deno.env.get("PATH") ?? ""}`,
+      PATH: installedPath(),
       ...env,
     },
     clearEnv: true,
@@ -401,4 +375,71 @@ Deno.test("akadze compile: a permission after -- replaces the worker's default o
       "/tmp/x/akadze_worker_entry.ts",
     ]);
   });
+});
+
+Deno.test("a SIGKILL of the installed akadze stops the worker it re-ran under the app's deno.json", async () => {
+  await withInstalledAkadze(async (akadze) => {
+    await withProject({}, async (dir) => {
+      await withDatabase("consumer_cli_orphan", async (db, sql) => {
+        const marker = `${dir}/held`;
+        const env = { AKADZE_DATABASE_URL: db.url, MARKER: marker };
+        const args = ["worker", "./app.ts", "--poll-interval", "0.1", "--shutdown-timeout", "0.5"];
+        const parent = command(akadze, args, dir, env).spawn();
+        // The re-run worker inherits the pipes: they close when it has exited too.
+        const output = Promise.all([
+          new Response(parent.stdout).text(),
+          new Response(parent.stderr).text(),
+        ]);
+        try {
+          await sql`insert into akadze.jobs (task) values ('hold')`;
+          await waitFor(() => Deno.readTextFile(marker).catch(() => ""), "the job to start", SLOW);
+          const [{ pid }] = await sql`select pid from akadze.workers`;
+          assert(pid !== parent.pid, "the worker runs in a re-run child");
+          parent.kill("SIGKILL");
+          // The child notices its parent is gone and drains: the job goes back, unspent.
+          await waitFor(
+            async () => {
+              const [row] = await sql`select state, attempt from akadze.jobs`;
+              const workers = await sql`select 1 from akadze.workers`;
+              return row.state === "queued" && row.attempt === 0 && workers.length === 0;
+            },
+            "the orphaned worker to release its job and leave",
+            SLOW,
+          );
+          const [, stderr] = await output;
+          assertMatch(stderr, /"event":"worker_orphaned"|is gone: stopping gracefully/);
+        } finally {
+          try {
+            parent.kill("SIGKILL");
+          } catch {
+            // already gone
+          }
+          await parent.status;
+        }
+      });
+    });
+  });
+});
+
+Deno.test("the config of `deno run SCRIPT` is found beside the script, not in the working directory", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "akadze-config-" });
+  try {
+    await Deno.mkdir(`${dir}/tool`);
+    await Deno.mkdir(`${dir}/elsewhere`);
+    await Deno.writeTextFile(`${dir}/tool/deno.json`, "{}");
+    await Deno.writeTextFile(`${dir}/elsewhere/deno.json`, "{}");
+    const cwd = `${dir}/elsewhere`;
+    assertEquals(await configOfFlags([], `${dir}/tool/cli.ts`, cwd), `${dir}/tool/deno.json`);
+    assertEquals(await configOfFlags([], "../tool/cli.ts", cwd), `${dir}/tool/deno.json`);
+    assertEquals(
+      await configOfFlags([], new URL(`file://${dir}/tool/cli.ts`).href, cwd),
+      `${dir}/tool/deno.json`,
+    );
+    // A remote script: the working directory's.
+    assertEquals(await configOfFlags([], "jsr:@akadze/akadze/cli", cwd), `${cwd}/deno.json`);
+    assertEquals(await configOfFlags(["--config", "x.json"], "cli.ts", cwd), `${cwd}/x.json`);
+    assertEquals(await configOfFlags(["--no-config"], "cli.ts", cwd), undefined);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -13,7 +13,7 @@
 //   const app: Akadze; -->`.
 // - A block the text before it saves as a file ("Save this as `app.ts`") is written under
 //   that name beside the other samples of its page, so a later sample can import it.
-// tests/consumer_docs_test.ts runs the samples of README.md and docs/getting-started.md.
+// tests/consumer_docs_test.ts runs the samples of README.md and docs/*.md.
 import { assert, assertEquals } from "./assert.ts";
 import { type Block, extractBlocks } from "./_markdown.ts";
 
@@ -103,6 +103,21 @@ Deno.test("every ts sample in README.md and docs/*.md type-checks", async () => 
     }
     for (const file of ["README.md", "docs/getting-started.md", "docs/celery.md"]) {
       assert((perFile.get(file) ?? 0) > 0, `${file} has no checked samples`);
+    }
+    // A page after getting started may import its `app.ts` (as tests/consumer_docs_test.ts
+    // runs them): a page that saves files but no app.ts gets that one beside them.
+    const app = written.get("docs_getting_started_md/app.ts");
+    assert(app, "docs/getting-started.md saves no app.ts");
+    for (
+      const slug of new Set(
+        [...written.keys()].map((n) => n.split("/")).filter((p) => p.length > 1).map((p) => p[0]),
+      )
+    ) {
+      if (slug === "README_md" || written.has(`${slug}/app.ts`)) continue;
+      await Deno.writeTextFile(
+        new URL(`${slug}/app.ts`, dir),
+        `// docs/getting-started.md:${app.line}\n${app.prelude}\n${app.code}\nexport {};\n`,
+      );
     }
     const { ok, output } = await denoCheck(
       [...written.keys()].map((n) => new URL(n, dir).pathname),

@@ -1,11 +1,11 @@
 import * as v from "valibot";
 import { z } from "zod";
 import postgres from "postgres";
-import { DuplicateJob, EnqueueError } from "../src/errors.ts";
+import { Akadze } from "../src/app.ts";
+import { AkadzeError, DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { jobsChannel } from "../src/db.ts";
 import { assertEnqueued, drain } from "../src/testing.ts";
-import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { Akadze } from "../src/app.ts";
+import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
 import { migrate } from "../src/migrate.ts";
 import { countJobs, waitFor, withApp, withDatabase } from "./_helpers.ts";
 
@@ -523,5 +523,54 @@ Deno.test("a schema that rejects or changes its own output is refused at enqueue
     assertEquals(rows.map((r) => r.args), stored);
     assertEquals(await drain(app), 3);
     assertEquals(seen, stored);
+  });
+});
+
+Deno.test("arguments over maxArgsBytes are an EnqueueError naming the limit; nothing is inserted", async () => {
+  await withApp("enq_size", async (app, sql) => {
+    const task = app.task("big", () => {});
+    // 1 MiB by default, counted in bytes of JSON text: 2 bytes per "é".
+    const error = await assertRejects(
+      () => task.enqueue({ blob: "é".repeat(530_000) }),
+      EnqueueError,
+    );
+    assertMatch(error.message, /task "big" are \d+ bytes of JSON, over the limit of 1048576 bytes/);
+    assertMatch(error.message, /maxArgsBytes/);
+    const many = await assertRejects(
+      () => task.enqueueMany([{ n: 1 }, { blob: "x".repeat(2_000_000) }]),
+      EnqueueError,
+    );
+    assertMatch(many.message, /task "big" \(element 1\) are at least 2000\d+ bytes/);
+    assertEquals(await countJobs(sql), 0);
+    // Just under the limit is fine, and the batch text is what one JSON.stringify makes.
+    const fits = { blob: "x".repeat(1_048_576 - 11) };
+    assertEquals(JSON.stringify(fits).length, 1_048_576);
+    const [a, b] = await task.enqueueMany([fits, { n: 2 }]);
+    const rows = await sql`select id::text as id, args from akadze.jobs j order by j.id`;
+    assertEquals(rows.map((r) => r.id), [a, b]);
+    assertEquals(rows[0].args, fits);
+    assertEquals(rows[1].args, { n: 2 });
+  });
+  await withApp("enq_size_option", async (app, sql) => {
+    assertEquals(app.maxArgsBytes, 1_048_576);
+    const small = new Akadze({ sql: app.sql, maxArgsBytes: 100 });
+    const task = small.task("t", () => {});
+    await task.enqueue({ s: "x".repeat(80) });
+    const error = await assertRejects(() => task.enqueue({ s: "x".repeat(100) }), EnqueueError);
+    assertMatch(error.message, /over the limit of 100 bytes/);
+    assertEquals(await countJobs(sql), 1);
+    for (const bad of [0, -1, 1.5, "1" as never, Infinity]) {
+      assertThrows(() => new Akadze({ sql: app.sql, maxArgsBytes: bad }), AkadzeError);
+    }
+  });
+});
+
+Deno.test("a delay over 365 days is an EnqueueError", async () => {
+  await withApp("enq_delay_max", async (app, sql) => {
+    const task = app.task("t", () => {});
+    const error = await assertRejects(() => task.using({ delay: 1e16 }).enqueue(), EnqueueError);
+    assertMatch(error.message, /at most 31536000000 \(365 days\), got 10000000000000000/);
+    await task.using({ delay: 31_536_000_000 }).enqueue();
+    assertEquals(await countJobs(sql), 1);
   });
 });

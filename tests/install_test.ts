@@ -4,35 +4,20 @@
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { withDatabase } from "./_helpers.ts";
+import { knownVersions } from "../src/migrate.ts";
+import { INSTALL_PERMISSIONS, installAkadze, installedPath } from "./_install.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
-/**
- * The least permissions that cover every subcommand (`dev` is the one that needs
- * `--allow-run`, `--allow-write` and `--allow-sys=uid`).
- * docs/getting-started.md shows this exact line.
- */
-const INSTALL_PERMISSIONS = [
-  "--allow-net",
-  "--allow-env",
-  "--allow-sys=hostname,uid",
-  "--allow-read",
-  "--allow-write",
-  "--allow-run",
-];
-const IS_WINDOWS = Deno.build.os === "windows";
 
 async function run(
   command: string,
   args: string[],
   env: Record<string, string> = {},
 ): Promise<{ code: number; stdout: string; stderr: string }> {
-  // The installed shim runs `deno` from PATH: put this runtime first.
-  const denoDir = Deno.execPath().replace(/[\\/][^\\/]+$/, "");
-  const sep = IS_WINDOWS ? ";" : ":";
   const out = await new Deno.Command(command, {
     args,
     cwd: ROOT,
-    env: { NO_COLOR: "1", PATH: `${denoDir}${sep}${Deno.env.get("PATH") ?? ""}`, ...env },
+    env: { NO_COLOR: "1", PATH: installedPath(), ...env },
     stdin: "null",
     stdout: "piped",
     stderr: "piped",
@@ -46,23 +31,10 @@ async function run(
 }
 
 Deno.test("deno install -g puts a working akadze command on the PATH", async () => {
-  const root = await Deno.makeTempDir({ prefix: "akadze-install-" });
+  const installed = await installAkadze();
+  const root = installed.path.replace(/[\\/]bin[\\/][^\\/]+$/, "");
   try {
-    const install = await run(Deno.execPath(), [
-      "install",
-      "--global",
-      "--root",
-      root,
-      "--name",
-      "akadze",
-      // A local checkout needs its config for the import map; from JSR it comes along.
-      "--config",
-      `${ROOT}deno.json`,
-      ...INSTALL_PERMISSIONS,
-      `${ROOT}cli.ts`,
-    ]);
-    assertEquals(install.code, 0, install.stderr);
-    const akadze = `${root}/bin/akadze${IS_WINDOWS ? ".cmd" : ""}`;
+    const akadze = installed.path;
     assert((await Deno.stat(akadze)).isFile, `${akadze} was not created`);
 
     const version = await run(akadze, ["--version"]);
@@ -71,10 +43,11 @@ Deno.test("deno install -g puts a working akadze command on the PATH", async () 
     await withDatabase("install", async (db) => {
       const env = { AKADZE_DATABASE_URL: db.url };
       const first = await run(akadze, ["migrate"], env);
-      assertEquals([first.code, first.stdout], [
-        0,
-        "applied 0001_init\napplied 0002_limit_key_order\n",
-      ], first.stderr);
+      assertEquals(
+        [first.code, first.stdout],
+        [0, knownVersions().map((v) => `applied ${v}\n`).join("")],
+        first.stderr,
+      );
       const again = await run(akadze, ["migrate"], env);
       assertEquals([again.code, again.stdout], [0, "schema up to date\n"], again.stderr);
       const status = await run(akadze, ["migrate", "--status"], env);
@@ -95,7 +68,7 @@ Deno.test("deno install -g puts a working akadze command on the PATH", async () 
       (error) => assert(error instanceof Deno.errors.NotFound, String(error)),
     );
   } finally {
-    await Deno.remove(root, { recursive: true }).catch(() => {});
+    await installed.remove();
   }
 });
 

@@ -5,11 +5,13 @@ import {
   applyMigrations,
   knownVersions,
   migrate,
+  MIGRATIONS,
+  migrationSql,
   migrationStatus,
 } from "../src/migrate.ts";
 import type { Sql } from "../src/db.ts";
 import { quoteSchema } from "../src/db.ts";
-import { withDatabase } from "./_helpers.ts";
+import { psql, withDatabase } from "./_helpers.ts";
 
 async function catalog(sql: Sql, schema = "akadze") {
   const tables = await sql`
@@ -159,21 +161,20 @@ Deno.test("appliedVersions on an empty database returns [] and creates nothing",
 
 Deno.test("migrationStatus lists pending, then applied versions with their time, read-only", async () => {
   await withDatabase("migrate_status", async (db, sql) => {
-    assertEquals(await migrationStatus(db.url), [
-      { version: "0001_init", state: "pending", appliedAt: null },
-      { version: "0002_limit_key_order", state: "pending", appliedAt: null },
-    ]);
+    assertEquals(
+      await migrationStatus(db.url),
+      knownVersions().map((version) => ({ version, state: "pending", appliedAt: null })),
+    );
     const [{ n }] = await sql`select count(*)::int as n from pg_namespace where nspname = 'akadze'`;
     assertEquals(n, 0, "nothing created");
     await migrate(sql);
     // A version a newer release applied is listed too.
     await sql`insert into akadze.schema_migrations (version) values ('9999_newer')`;
     const status = await migrationStatus(sql);
-    assertEquals(status.map((m) => [m.version, m.state]), [
-      ["0001_init", "applied"],
-      ["0002_limit_key_order", "applied"],
-      ["9999_newer", "applied"],
-    ]);
+    assertEquals(
+      status.map((m) => [m.version, m.state]),
+      [...knownVersions(), "9999_newer"].map((v) => [v, "applied"]),
+    );
     assert(status.every((m) => m.appliedAt instanceof Date));
   }, { migrated: false });
 });
@@ -221,4 +222,77 @@ Deno.test("migrate reports a refused connection without the password", async () 
   const url = "postgres://app:hunter2secret@127.0.0.1:1/app";
   const error = await assertRejects(() => migrate(url), MigrateError);
   assert(!error.message.includes("hunter2secret"), error.message);
+});
+
+/** Everything a schema holds, with its name taken out so that two schemas compare. */
+async function definitions(sql: Sql, schema: string) {
+  const rows = await sql`
+    select 'table ' || c.relname || ' ' || coalesce(array_to_string(c.reloptions, ','), '') as d
+      from pg_class c join pg_namespace n on n.oid = c.relnamespace
+     where n.nspname = ${schema} and c.relkind = 'r'
+    union all
+    select 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+           || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+      from pg_attribute a join pg_class c on c.oid = a.attrelid
+      join pg_namespace n on n.oid = c.relnamespace
+      left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
+     where n.nspname = ${schema} and c.relkind = 'r' and a.attnum > 0
+    union all
+    select 'index ' || indexdef from pg_indexes where schemaname = ${schema}
+    union all
+    select 'constraint ' || conname || ' ' || pg_get_constraintdef(c.oid)
+      from pg_constraint c join pg_namespace n on n.oid = c.connamespace
+     where n.nspname = ${schema}
+    union all
+    select 'function ' || pg_get_functiondef(p.oid)
+      from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname = ${schema}
+    order by 1`;
+  return rows.map((r) =>
+    (r.d as string).replaceAll(`"${schema}".`, "S.").replaceAll(`${schema}.`, "S.").replaceAll(
+      `"${schema}"`,
+      "S",
+    )
+  );
+}
+
+Deno.test("migrationSql's script, run by psql, makes the schema migrate makes and records it", async () => {
+  await withDatabase("migrate_print", async (db, sql) => {
+    await migrate(sql, { schema: "native" });
+    const script = migrationSql({ schema: "printed" });
+    assert(
+      script.startsWith(`-- akadze schema "printed": versions ${knownVersions().join(", ")}.`),
+    );
+    const out = await psql(db.url, script, { args: ["--single-transaction"] });
+    assertEquals([out.code, out.stderr], [0, ""]);
+    const native = await definitions(sql, "native");
+    assert(native.length > 40, "the comparison sees the schema");
+    assertEquals(await definitions(sql, "printed"), native);
+    assertEquals(await appliedVersions(sql, { schema: "printed" }), knownVersions());
+    // akadze's own migrate sees every version as applied; a second run of the script
+    // applies nothing.
+    assertEquals(await migrate(sql, { schema: "printed" }), []);
+    const again = await psql(db.url, script, { args: ["--single-transaction"] });
+    assertEquals([again.code, again.stderr], [0, ""]);
+    assertEquals(await definitions(sql, "printed"), native);
+    const [{ n }] = await sql`select count(*)::int as n from printed.schema_migrations`;
+    assertEquals(n, knownVersions().length);
+    assertThrows(() => migrationSql({ schema: 'x"; drop table t; --' }), AkadzeError);
+  }, { migrated: false });
+});
+
+Deno.test("migrationSql's script applies only the versions the database lacks", async () => {
+  await withDatabase("migrate_print_partial", async (db, sql) => {
+    assertEquals(await applyMigrations(sql, MIGRATIONS.slice(0, 1)), [MIGRATIONS[0].version]);
+    const [before] = await sql`select applied_at from akadze.schema_migrations`;
+    // Statement by statement, without one transaction around them, works too.
+    const out = await psql(db.url, migrationSql());
+    assertEquals([out.code, out.stderr], [0, ""]);
+    const rows = await sql`select version, applied_at from akadze.schema_migrations
+                           order by version`;
+    assertEquals(rows.map((r) => r.version), knownVersions());
+    assertEquals(rows[0].applied_at, before.applied_at, "the applied version was not run again");
+    assertEquals(await migrate(sql), []);
+    const [{ ok }] = await sql`select akadze.enqueue('t') is not null as ok`;
+    assert(ok);
+  }, { migrated: false });
 });

@@ -2,7 +2,12 @@ import { assert, assertEquals, assertThrows } from "./assert.ts";
 import postgres from "postgres";
 import { requestCancel } from "../src/admin.ts";
 import { AkadzeError } from "../src/errors.ts";
-import { assertTestDatabaseUrl, createTestDatabase, drain } from "../src/testing.ts";
+import {
+  assertTestDatabaseUrl,
+  createTestDatabase,
+  drain,
+  startThrowawayPostgres,
+} from "../src/testing.ts";
 import { withApp, withDatabase } from "./_helpers.ts";
 
 Deno.test("the database-name guard accepts akadze and *_test only", () => {
@@ -28,6 +33,25 @@ Deno.test("createTestDatabase refuses a non-test database and creates nothing", 
     assert(error.message.includes('"production"'), error.message);
     assertEquals(await sql`select count(*)::int as n from pg_database`, before);
   }, { migrated: false });
+});
+
+Deno.test("createTestDatabase accepts a throwaway server's own URL and creates the database on it", async () => {
+  const server = await startThrowawayPostgres();
+  try {
+    assert(server.url.endsWith("/postgres"), server.url);
+    const db = await createTestDatabase({ name: "own", databaseUrl: server.url });
+    assertEquals(new URL(db.url).port, String(server.port));
+    const sql = postgres(server.url, { max: 1, onnotice: () => {} });
+    try {
+      assertEquals((await sql`select 1 from pg_database where datname = ${db.name}`).length, 1);
+      await db.close();
+      assertEquals((await sql`select 1 from pg_database where datname = ${db.name}`).length, 0);
+    } finally {
+      await sql.end();
+    }
+  } finally {
+    await server.stop();
+  }
 });
 
 Deno.test("each test database is fresh and is dropped by close()", async () => {

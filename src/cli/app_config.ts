@@ -17,6 +17,8 @@ import type { AppTarget } from "./load_app.ts";
 
 /** Set in the child to the config it runs under, so that it does not start another child. */
 export const APP_CONFIG_ENV = "AKADZE_APP_CONFIG";
+/** Set in the child to the pid of the process that started it (see {@linkcode rerunParent}). */
+export const APP_PARENT_ENV = "AKADZE_APP_PARENT_PID";
 
 const CONFIG_NAMES = ["deno.json", "deno.jsonc"];
 /** The signals forwarded to the child (SIGHUP too: a closed terminal stops it as well). */
@@ -67,11 +69,13 @@ export function withoutConfigFlags(flags: readonly string[]): string[] {
 }
 
 /**
- * The config `deno run FLAGS…` runs under, started in `cwd`: the one `--config` names,
- * none with `--no-config`, else the nearest one above `cwd`.
+ * The config `deno run FLAGS… SCRIPT` runs under, started in `cwd`: the one `--config`
+ * names, none with `--no-config`, else the nearest one above a local SCRIPT (Deno looks
+ * beside the script, not in the working directory), or above `cwd` for a remote one.
  */
 export async function configOfFlags(
   flags: readonly string[],
+  script: string,
   cwd: string,
 ): Promise<string | undefined> {
   for (let i = 0; i < flags.length; i++) {
@@ -82,7 +86,9 @@ export async function configOfFlags(
       return path === undefined ? undefined : resolve(cwd, path);
     }
   }
-  return await findConfig(join(cwd, "."));
+  if (script.startsWith("file:")) return await findConfig(fileURLToPath(script));
+  if (/^[a-z][a-z0-9+.-]+:/i.test(script)) return await findConfig(join(cwd, "script"));
+  return await findConfig(resolve(cwd, script));
 }
 
 /**
@@ -124,7 +130,7 @@ export async function runUnderAppConfig(target: AppTarget): Promise<number | und
     return undefined;
   }
   if (prefix[0] !== "run") return undefined;
-  const current = await configOfFlags(prefix.slice(1, -1), Deno.cwd());
+  const current = await configOfFlags(prefix.slice(1, -1), prefix.at(-1)!, Deno.cwd());
   if (current !== undefined && await samePath(current, config)) return undefined;
   return await runChild(runtime, childArgv(prefix, config, Deno.args), config);
 }
@@ -132,7 +138,7 @@ export async function runUnderAppConfig(target: AppTarget): Promise<number | und
 async function runChild(runtime: string, args: string[], config: string): Promise<number> {
   const child = new Deno.Command(runtime, {
     args,
-    env: { [APP_CONFIG_ENV]: config },
+    env: { [APP_CONFIG_ENV]: config, [APP_PARENT_ENV]: String(Deno.pid) },
     stdin: "inherit",
     stdout: "inherit",
     stderr: "inherit",
@@ -158,4 +164,17 @@ async function runChild(runtime: string, args: string[], config: string): Promis
 async function samePath(a: string, b: string): Promise<boolean> {
   const real = (path: string) => Deno.realPath(path).catch(() => resolve(path));
   return await real(a) === await real(b);
+}
+
+/**
+ * In a command that {@linkcode runUnderAppConfig} started: the pid of the `akadze` process
+ * that started it, else `undefined`. The child runs in its own process group, so a SIGKILL
+ * of that process does not reach it: it must watch for it and stop, as a supervisor's
+ * worker does, instead of running on as an orphan.
+ */
+export function rerunParent(): number | undefined {
+  const granted = Deno.permissions.querySync({ name: "env", variable: APP_PARENT_ENV });
+  if (granted.state !== "granted") return undefined;
+  const pid = Number(Deno.env.get(APP_PARENT_ENV));
+  return Number.isSafeInteger(pid) && pid > 0 ? pid : undefined;
 }

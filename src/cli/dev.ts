@@ -53,14 +53,15 @@ export async function devCommand(args: string[]): Promise<number> {
     const replaced = Deno.env.get(DATABASE_URL_ENV)
       ? `, replacing the ${DATABASE_URL_ENV} set`
       : "";
-    // The URL ends its own line, so it can be copied as is to enqueue from another shell.
+    // The app module reads the URL when it is imported.
+    Deno.env.set(DATABASE_URL_ENV, url);
+    await migrate(url);
+    // Printed once the schema exists, so an enqueue right after it works. The URL ends its
+    // own line, so it can be copied as is to enqueue from another shell.
     console.error(
       `akadze dev: throwaway PostgreSQL ${server.version} (${server.engine} binaries${replaced}), ` +
         `removed on exit; to enqueue from another shell, set\n${DATABASE_URL_ENV}=${redact(url)}`,
     );
-    // The app module reads the URL when it is imported.
-    Deno.env.set(DATABASE_URL_ENV, url);
-    await migrate(url);
     if (stop.signal.aborted) return 0;
     applyPoolSize(line);
     const loaded = await loadApp(target);

@@ -12,6 +12,8 @@ import {
   requeue,
 } from "../admin.ts";
 import type { JobState } from "../job.ts";
+import { redact } from "../db.ts";
+import { runSecrets } from "../worker/error_entry.ts";
 import { UsageError } from "./common.ts";
 import {
   DATABASE_FOOTER,
@@ -72,7 +74,7 @@ ${DATABASE_FOOTER}`;
 const SHOW_HELP = `Usage: akadze jobs show ID [--args] [--result] [--json]
 
 One job with its error history (oldest first). Arguments and result are printed only
-when asked for.
+when asked for; without --args, argument values quoted in the errors show as ***.
 
 Options:
   --args          include the arguments
@@ -204,10 +206,20 @@ async function showCommand(args: string[]): Promise<number> {
   if (!parsed) return 0;
   const { values, positionals: [rawId], schema } = parsed;
   const id = jobIdArg(rawId);
+  // The arguments are always read: without --args, their values are hidden in the errors
+  // too (an error stored by an older akadze, or by a task, may quote them).
   const job = await withSql((sql) =>
-    getJob(sql, id, { schema, includeArgs: values.args, includeResult: values.result })
+    getJob(sql, id, { schema, includeArgs: true, includeResult: values.result })
   );
   if (!job) throw new Error(`job ${id} not found`);
+  if (!values.args) {
+    const secrets = runSecrets([], job.args);
+    job.errors = job.errors.map((e) => ({
+      ...e,
+      error: redact(String(e.error), secrets),
+      message: redact(String(e.message), secrets),
+    }));
+  }
   if (values.json) {
     printJson(detailJson(job, !!values.args, !!values.result));
     return 0;

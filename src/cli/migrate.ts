@@ -1,15 +1,15 @@
 /**
- * `akadze migrate [--status [--json]]`.
+ * `akadze migrate [--status [--json] | --print-sql]`.
  *
  * @module
  */
-import { migrate, type MigrationStatus, migrationStatus } from "../migrate.ts";
+import { migrate, migrationSql, type MigrationStatus, migrationStatus } from "../migrate.ts";
 import { databaseUrl, parseFlags, UsageError } from "./common.ts";
 import { schemaFlag } from "./ops.ts";
 import { type Column, isoTime, printJson, printTable } from "./output.ts";
 
 /** Help text of `akadze migrate`. */
-export const MIGRATE_HELP = `Usage: akadze migrate [--status [--json]]
+export const MIGRATE_HELP = `Usage: akadze migrate [--status [--json] | --print-sql]
 
 Create or update akadze's schema in the database of AKADZE_DATABASE_URL.
 Prints "applied <version>" for each version applied, or "schema up to date".
@@ -20,6 +20,10 @@ Options:
                   (exit 0 either way; akadze health exits 1 while a version is pending)
   --json          with --status: a JSON array of objects with the keys version, state
                   ("applied" or "pending") and appliedAt (ISO 8601, or null)
+  --print-sql     change nothing and connect to no database; print the SQL script of
+                  every version, for a migration tool of your own: run in one
+                  transaction, it applies (and records in schema_migrations) each
+                  version the database lacks, like akadze migrate
   --schema NAME   schema name (default akadze)
   -h, --help      show this help`;
 
@@ -34,6 +38,7 @@ export async function migrateCommand(args: string[]): Promise<number> {
   const { values } = parseFlags(args, {
     status: { type: "boolean" },
     json: { type: "boolean" },
+    "print-sql": { type: "boolean" },
     schema: { type: "string" },
     help: { type: "boolean", short: "h" },
   });
@@ -42,7 +47,14 @@ export async function migrateCommand(args: string[]): Promise<number> {
     return 0;
   }
   if (values.json && !values.status) throw new UsageError("--json goes with --status");
+  if (values["print-sql"] && values.status) {
+    throw new UsageError("--print-sql and --status cannot be combined");
+  }
   const schema = schemaFlag(values.schema);
+  if (values["print-sql"]) {
+    console.log(migrationSql({ schema }).trimEnd());
+    return 0;
+  }
   const url = databaseUrl();
   if (values.status) {
     const status = await migrationStatus(url, { schema });

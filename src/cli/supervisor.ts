@@ -491,7 +491,10 @@ export class Supervisor {
  * Run `akadze worker APP --processes N` (N > 1) from its parsed command line: configure
  * logging, work out the workers' command, supervise until stopped; returns the exit code.
  */
-export async function superviseWorkers(line: WorkerCommandLine): Promise<number> {
+export async function superviseWorkers(
+  line: WorkerCommandLine,
+  parentPid?: number,
+): Promise<number> {
   await configureCliLogging(line.logging);
   const supervisor = new Supervisor({
     processes: line.processes,
@@ -499,9 +502,15 @@ export async function superviseWorkers(line: WorkerCommandLine): Promise<number>
     heartbeatFile: line.worker.heartbeatFile,
   });
   const removeSignals = countSignals(SUPERVISOR_SIGNALS, (signal) => supervisor.signal(signal));
+  // Started by an `akadze` command that re-ran itself under the app's deno.json: when that
+  // process is gone (a SIGKILL does not reach this process group), drain as on SIGTERM.
+  const unwatch = parentPid === undefined
+    ? () => {}
+    : watchSupervisor(parentPid, 1_000, () => supervisor.signal("SIGTERM"));
   try {
     return await supervisor.run();
   } finally {
+    unwatch();
     removeSignals();
   }
 }

@@ -13,7 +13,7 @@ import { WORKER_DEFAULTS } from "../worker/config.ts";
 import { budgetWarning, measureConnectionBudget } from "../worker/connection_budget.ts";
 import { installProcessGuard } from "../worker/process_guard.ts";
 import { Worker } from "../worker/worker.ts";
-import { runUnderAppConfig } from "./app_config.ts";
+import { rerunParent, runUnderAppConfig } from "./app_config.ts";
 import { UsageError } from "./common.ts";
 import { slotHeartbeatFile } from "./heartbeat_files.ts";
 import { assertAppModuleExists, loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
@@ -53,13 +53,15 @@ export async function workerCommand(args: string[]): Promise<number> {
   if (line.processes > 1) {
     // Fail fast on a wrong path; the supervisor itself never imports the app.
     await assertAppModuleExists(target);
-    return await superviseWorkers(line);
+    return await superviseWorkers(line, rerunParent());
   }
   if (line.slot !== undefined) {
     line.worker.id = `${hostname()}:${Deno.pid}:${line.slot}`;
     if (line.worker.heartbeatFile) {
       line.worker.heartbeatFile = slotHeartbeatFile(line.worker.heartbeatFile, line.slot);
     }
+    // One endpoint per worker process: the supervisor's port plus the slot.
+    if (line.worker.metricsPort) line.worker.metricsPort += line.slot;
   }
   applyPoolSize(line);
   const stop = new AbortController();
@@ -137,8 +139,11 @@ export async function runAppWorker(
         { event: "app_other_copy" },
       );
     }
-    if (line.supervisorPid !== undefined) {
-      const watch = drainWhenOrphaned(line.supervisorPid, line);
+    // A supervisor's worker, or a command re-run under the app's deno.json: stop when the
+    // process that started it is gone.
+    const parentPid = line.supervisorPid ?? rerunParent();
+    if (parentPid !== undefined) {
+      const watch = drainWhenOrphaned(parentPid, line);
       unwatch = watch.unwatch;
       signal = AbortSignal.any([signal, watch.signal]);
     }
@@ -177,24 +182,28 @@ export async function runAppWorker(
 }
 
 /**
- * In a worker process of the supervisor `supervisorPid`: a signal that aborts when the
- * supervisor is gone (checked now and every poll interval), so the worker drains instead
- * of running on as an orphan.
+ * In a worker process started by `parentPid` (its supervisor, or the `akadze` command that
+ * re-ran it under the app's deno.json): a signal that aborts when that process is gone
+ * (checked now and every poll interval), so the worker drains instead of running on as an
+ * orphan.
  */
 function drainWhenOrphaned(
-  supervisorPid: number,
+  parentPid: number,
   line: WorkerCommandLine,
 ): { signal: AbortSignal; unwatch: () => void } {
   const orphaned = new AbortController();
   const unwatch = watchSupervisor(
-    supervisorPid,
+    parentPid,
     line.worker.pollInterval ?? WORKER_DEFAULTS.pollInterval,
     () => {
-      logger("cli").warn("supervisor {supervisorPid} is gone: stopping gracefully", {
-        event: "worker_orphaned",
-        supervisorPid,
-        slot: line.slot,
-      });
+      logger("cli").warn(
+        "process {parentPid}, which started this worker, is gone: stopping gracefully",
+        {
+          event: "worker_orphaned",
+          parentPid,
+          slot: line.slot,
+        },
+      );
       orphaned.abort();
     },
   );

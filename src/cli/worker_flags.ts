@@ -58,6 +58,9 @@ const FLAGS = {
   "poll-interval": { type: "string" },
   "prune-interval": { type: "string" },
   "heartbeat-file": { type: "string" },
+  "metrics-port": { type: "string" },
+  "metrics-host": { type: "string" },
+  "metrics-queue-state": { type: "boolean" },
   processes: { type: "string" },
   "pool-size": { type: "string" },
   // Hidden: set by the supervisor of --processes N on the worker processes it starts.
@@ -106,6 +109,11 @@ export function workerFlagsHelp(): string {
   --prune-interval S        how often old finished jobs are deleted (default ${s(d.pruneInterval)})
   --heartbeat-file PATH     touch PATH on every loop pass (with --processes N: PATH.supervisor
                             and PATH.0 ... PATH.N-1); check it with akadze health
+  --metrics-port N          serve this worker's metrics at http://HOST:N/metrics (Prometheus
+                            text; with --processes N, worker process K listens on port N+K)
+  --metrics-host HOST       the address of --metrics-port (default ${d.metricsHost})
+  --metrics-queue-state     add the queue gauges of akadze metrics to every scrape (one
+                            database read per scrape)
   --pool-size N             database pool size of the app, when its code sets no max (also
                             AKADZE_POOL_SIZE; default ${DEFAULT_WORKER_POOL_SIZE}). A worker process opens up to N + 2
                             connections: the pool, the worker loop's and the LISTEN one
@@ -208,6 +216,28 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
   if (values["heartbeat-file"] !== undefined) {
     if (values["heartbeat-file"] === "") throw new UsageError("--heartbeat-file needs a path");
     worker.heartbeatFile = values["heartbeat-file"];
+  }
+  if (values["metrics-port"] !== undefined) {
+    worker.metricsPort = integer("--metrics-port", values["metrics-port"], 0, 65_535);
+    if (worker.metricsPort + processes - 1 > 65_535) {
+      throw new UsageError(
+        `--metrics-port ${worker.metricsPort} with --processes ${processes} needs ports up to ` +
+          `${worker.metricsPort + processes - 1}: choose a port at most ${65_536 - processes}`,
+      );
+    }
+  }
+  if (values["metrics-host"] !== undefined) {
+    if (values["metrics-host"] === "") throw new UsageError("--metrics-host needs an address");
+    if (worker.metricsPort === undefined) {
+      throw new UsageError("--metrics-host goes with --metrics-port");
+    }
+    worker.metricsHost = values["metrics-host"];
+  }
+  if (values["metrics-queue-state"]) {
+    if (worker.metricsPort === undefined) {
+      throw new UsageError("--metrics-queue-state goes with --metrics-port");
+    }
+    worker.metricsQueueState = true;
   }
   if (values["log-format"] !== undefined) logging.format = parseLogFormat(values["log-format"]);
   if (values["log-level"] !== undefined) logging.level = parseLogLevel(values["log-level"]);

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { MAX_DELAY } from "../errors.ts";
 import type { Backoff } from "../task.ts";
 
 /** The longest default backoff (ms). */
@@ -14,10 +15,16 @@ export function defaultBackoff(attempt: number, random: () => number = Math.rand
   return Math.round(base * (0.9 + 0.2 * random()));
 }
 
+/** Whether `value` is a delay akadze can store: a number of milliseconds, 0 to MAX_DELAY. */
+export function isDelay(value: unknown): value is number {
+  return typeof value === "number" && value >= 0 && value <= MAX_DELAY;
+}
+
 /**
  * The delay before the next attempt: the task's `backoff` when it has one (null = stop
- * retrying), else the default. A backoff that throws or returns nonsense falls back to
- * the default, so a bug there cannot lose the job.
+ * retrying), else the default. A backoff that throws or returns nonsense (not a number,
+ * negative, more than MAX_DELAY) falls back to the default, so a bug there cannot lose
+ * the job.
  */
 export function nextDelay(
   backoff: Backoff | undefined,
@@ -28,7 +35,7 @@ export function nextDelay(
   try {
     const delay = backoff(attempt, error);
     if (delay === null) return null;
-    if (typeof delay === "number" && Number.isFinite(delay) && delay >= 0) return delay;
+    if (isDelay(delay)) return delay;
   } catch {
     // fall through to the default
   }

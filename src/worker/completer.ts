@@ -109,7 +109,7 @@ export class Completer {
 
   /** The batch write, read as arrays of {@linkcode WrittenRow} fields. */
   async #short(outcomes: readonly Outcome[], tx: Sql | TransactionSql = this.#sql) {
-    const rows = await tx.unsafe(this.#shortText, params(outcomes), PREPARED).values();
+    const rows = await tx.unsafe(this.#shortText, encode(outcomes), PREPARED).values();
     return rows.map((v): WrittenRow => ({ id: v[0], state: v[1], attempt: v[2], runAt: v[3] }));
   }
 
@@ -165,6 +165,69 @@ export class Completer {
     const ids = (await this.#short(outcomes, tx)).map((r) => r.id);
     if (ids.length === 0) return [];
     return [...await tx.unsafe(this.#rowsText, [ids])] as unknown as JobRow[];
+  }
+}
+
+/** Outcomes made by {@linkcode unstorableOutcome}: never replaced again. */
+const REPLACEMENTS = new WeakSet<Outcome>();
+
+/**
+ * The outcome to write instead of one whose write failed on its own (a batch of one) with
+ * a non-transient error that says the values were refused: a data exception (SQLSTATE
+ * class 22, e.g. a delay past the timestamp range, text PostgreSQL cannot encode), a
+ * program limit (class 54), or an error raised while encoding the parameters (a result
+ * whose getter throws when it is read again, say). It ends the job `failed` with a fixed error naming only the SQLSTATE (no
+ * values), spending an attempt (`ResultNotStorable` for a result, `OutcomeNotStorable`
+ * otherwise), or `cancelled` for a cancel, so the run cannot be put back and run again and
+ * again. Null when the error is not about the values, for a release (it carries none),
+ * and for a replacement.
+ */
+export function unstorableOutcome(outcome: Outcome, error: unknown): Outcome | null {
+  if (outcome.kind === "release" || REPLACEMENTS.has(outcome)) return null;
+  let code: unknown;
+  try {
+    code = (error as { code?: unknown } | null)?.code;
+  } catch {
+    code = undefined;
+  }
+  const sqlstate = typeof code === "string" && /^(22|54)[0-9A-Z]{3}$/.test(code) ? code : null;
+  if (sqlstate === null && !(error instanceof OutcomeEncodingError)) return null;
+  const what = outcome.kind === "succeeded" ? "result" : "outcome (its error or delay)";
+  const reason = sqlstate === null
+    ? "could not be encoded for the database"
+    : `was refused by the database (SQLSTATE ${sqlstate}, class ${sqlstate.slice(0, 2)}: ${
+      sqlstate.startsWith("22") ? "data exception" : "program limit exceeded"
+    })`;
+  const replacement: Outcome = {
+    id: outcome.id,
+    runCount: outcome.runCount,
+    kind: outcome.kind === "cancel" ? "cancel" : "fail",
+    error: {
+      error: outcome.kind === "succeeded" ? "ResultNotStorable" : "OutcomeNotStorable",
+      message: `this run's ${what} ${reason}; the job is not run again`,
+    },
+  };
+  REPLACEMENTS.add(replacement);
+  return replacement;
+}
+
+/** An outcome could not be turned into the statement's parameters. */
+class OutcomeEncodingError extends Error {
+  constructor() {
+    super("an outcome could not be encoded for the database");
+    this.name = "OutcomeEncodingError";
+  }
+}
+
+/**
+ * {@linkcode params}, an error of which is an {@linkcode OutcomeEncodingError} (without
+ * the original as its cause: whatever a result's getter threw must not look transient).
+ */
+function encode(outcomes: readonly Outcome[]): never {
+  try {
+    return params(outcomes);
+  } catch {
+    throw new OutcomeEncodingError();
   }
 }
 

@@ -43,12 +43,25 @@ export interface WorkerOptions {
   id?: string;
   /** Dispatch the app's schedules from this worker. Default true. */
   schedules?: boolean;
+  /**
+   * Serve this worker's metrics (and with `metricsQueueState` the queue gauges) as
+   * Prometheus text at `GET /metrics` on this port; 0 lets the system choose. Needs
+   * `--allow-net` for `metricsHost:port`. Default: no endpoint.
+   */
+  metricsPort?: number;
+  /** The address the metrics endpoint listens on. Default `"127.0.0.1"`. */
+  metricsHost?: string;
+  /**
+   * Add the queue gauges of `renderMetrics` to every scrape of the endpoint: one read of
+   * the database per scrape, on the app's pool. Default false.
+   */
+  metricsQueueState?: boolean;
 }
 
 /** Validated worker settings: every option resolved (see {@linkcode WorkerOptions}). */
 export type WorkerConfig =
-  & Readonly<Required<Omit<WorkerOptions, "maxJobs" | "heartbeatFile" | "id">>>
-  & Readonly<Pick<WorkerOptions, "maxJobs" | "heartbeatFile" | "id">>;
+  & Readonly<Required<Omit<WorkerOptions, "maxJobs" | "heartbeatFile" | "id" | "metricsPort">>>
+  & Readonly<Pick<WorkerOptions, "maxJobs" | "heartbeatFile" | "id" | "metricsPort">>;
 
 /** The defaults of {@linkcode WorkerOptions}. */
 export const WORKER_DEFAULTS = {
@@ -62,6 +75,8 @@ export const WORKER_DEFAULTS = {
   shutdownTimeout: 10_000,
   batch: false,
   schedules: true,
+  metricsHost: "127.0.0.1",
+  metricsQueueState: false,
 } as const;
 
 const NAMES = new Set([
@@ -78,6 +93,9 @@ const NAMES = new Set([
   "heartbeatFile",
   "id",
   "schedules",
+  "metricsPort",
+  "metricsHost",
+  "metricsQueueState",
 ]);
 const MS_MAX = 2147483647;
 
@@ -113,7 +131,14 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   const maxJobs = options.maxJobs === undefined
     ? undefined
     : integer("maxJobs", options.maxJobs, 1, Number.MAX_SAFE_INTEGER);
-  for (const name of ["fair", "batch", "schedules"] as const) {
+  const metricsPort = options.metricsPort === undefined
+    ? undefined
+    : integer("metricsPort", options.metricsPort, 0, 65_535);
+  const metricsHost = options.metricsHost ?? WORKER_DEFAULTS.metricsHost;
+  if (typeof metricsHost !== "string" || metricsHost.length === 0) {
+    throw new AkadzeError("metricsHost must be a non-empty host name or address");
+  }
+  for (const name of ["fair", "batch", "schedules", "metricsQueueState"] as const) {
     if (options[name] !== undefined && typeof options[name] !== "boolean") {
       throw new AkadzeError(`${name} must be a boolean`);
     }
@@ -138,6 +163,9 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
     maxJobs,
     heartbeatFile: options.heartbeatFile,
     id: options.id,
+    metricsPort,
+    metricsHost,
+    metricsQueueState: options.metricsQueueState ?? WORKER_DEFAULTS.metricsQueueState,
   };
 }
 

@@ -8,15 +8,16 @@
  */
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
-import { quoteSchema, redact, type TransactionSql } from "../db.ts";
-import { AkadzeError, controlKind } from "../errors.ts";
+import { quoteSchema, type TransactionSql } from "../db.ts";
+import { AkadzeError, controlKind, MAX_DELAY } from "../errors.ts";
 import type { JobInfo } from "../job.ts";
 import { jsonProblem } from "../json.ts";
 import { formatIssues } from "../standard_schema.ts";
 import type { AnyTask } from "../task.ts";
-import { nextDelay } from "./backoff.ts";
+import { isDelay, nextDelay } from "./backoff.ts";
 import type { ClaimedJob } from "./claimer.ts";
 import type { Completer, Outcome } from "./completer.ts";
+import { errorEntry, MESSAGE_MAX, runSecrets, storableText } from "./error_entry.ts";
 import { runTransitionHooks, toJobInfo } from "./job_row.ts";
 
 /** Why a run was interrupted from outside the handler. */
@@ -36,9 +37,6 @@ export interface Execution {
  */
 export type OnOutcome = (outcome: Outcome | null) => void;
 
-/** The longest stored error message. */
-const MESSAGE_MAX = 500;
-
 /** Runs jobs of one app. */
 export class Executor {
   #app: Akadze;
@@ -46,7 +44,10 @@ export class Executor {
   #secrets: string[];
   #lockJob: string;
 
-  /** Make an executor; `secrets` are redacted from stored error messages. */
+  /**
+   * Make an executor; `secrets` (and each job's argument values) are redacted from stored
+   * error messages.
+   */
   constructor(app: Akadze, completer: Completer, secrets: string[]) {
     this.#app = app;
     this.#completer = completer;
@@ -76,7 +77,7 @@ export class Executor {
       if (finished) return;
       finished = true;
       if (timer !== undefined) clearTimeout(timer);
-      onOutcome(this.#outcome(task, job, ctx, settled));
+      onOutcome(this.#outcome(task, job, row.args, ctx, settled));
     };
     const interrupt = (reason: Interrupt) => {
       if (finished) return;
@@ -91,7 +92,7 @@ export class Executor {
       finish({ ok: false, error });
       return { job, interrupt };
     }
-    if (typeof (value as PromiseLike<unknown> | null)?.then === "function") {
+    if (isThenable(value)) {
       Promise.resolve(value).then(
         (value) => finish({ ok: true, value }),
         (error) => finish({ ok: false, error }),
@@ -102,16 +103,39 @@ export class Executor {
     return { job, interrupt };
   }
 
-  /** The outcome of a settled run (null when `completeTx` already wrote it). */
+  /**
+   * The outcome of a settled run (null when `completeTx` already wrote it). Never throws,
+   * whatever the handler threw or returned: a failure here fails the run.
+   */
   #outcome(
     task: AnyTask | undefined,
     job: JobInfo,
+    args: unknown,
+    ctx: RunContext,
+    settled: Settled,
+  ): Outcome | null {
+    try {
+      return this.#settledOutcome(task, job, args, ctx, settled);
+    } catch {
+      return {
+        id: job.id,
+        runCount: job.runCount,
+        kind: "fail",
+        error: { error: "Error", message: "the outcome of this run could not be determined" },
+      };
+    }
+  }
+
+  #settledOutcome(
+    task: AnyTask | undefined,
+    job: JobInfo,
+    args: unknown,
     ctx: RunContext,
     settled: Settled,
   ): Outcome | null {
     if (typeof settled === "string") {
       if (settled === "timeout") {
-        return this.#failure(task, job, interruptError("timeout", task?.timeout));
+        return this.#failure(task, job, args, interruptError("timeout", task?.timeout));
       }
       return {
         id: job.id,
@@ -120,15 +144,18 @@ export class Executor {
       };
     }
     if (ctx.completed) return null;
-    if (!settled.ok) return this.#failure(task, job, settled.error);
+    if (!settled.ok) return this.#failure(task, job, args, settled.error);
     const result = settled.value === undefined ? null : settled.value;
-    const problem = result === null ? null : jsonProblem(result, "result");
+    const problem = result === null ? null : resultProblem(result);
     if (problem) {
       return {
         id: job.id,
         runCount: job.runCount,
         kind: "fail",
-        error: { error: "ResultNotStorable", message: this.#message(problem) },
+        error: {
+          error: "ResultNotStorable",
+          message: storableText(problem, MESSAGE_MAX, this.#runSecrets(args)),
+        },
       };
     }
     return { id: job.id, runCount: job.runCount, kind: "succeeded", result };
@@ -171,34 +198,40 @@ export class Executor {
     return value;
   }
 
-  /** The outcome of a failed run: control exceptions, or retry with backoff. */
-  #failure(task: AnyTask | undefined, job: JobInfo, error: unknown): Outcome {
+  /**
+   * The outcome of a failed run: control exceptions, or retry with backoff. A `Retry` or
+   * `Snooze` whose delay is not 0..MAX_DELAY ms is a failure like any error (`InvalidDelay`).
+   */
+  #failure(task: AnyTask | undefined, job: JobInfo, args: unknown, error: unknown): Outcome {
     const base = { id: job.id, runCount: job.runCount };
     const kind = controlKind(error);
-    const delay = (error as { delay?: unknown } | null)?.delay;
-    const validDelay = typeof delay === "number" && Number.isFinite(delay) && delay >= 0;
-    if (kind === "Snooze" && validDelay) return { ...base, kind: "snooze", delayMs: delay };
-    if (kind === "Cancel") return { ...base, kind: "cancel", error: this.#entry(error) };
-    if (kind === "Fail") return { ...base, kind: "fail", error: this.#entry(error) };
-    if (kind === "Retry" && validDelay) {
-      return { ...base, kind: "retry", delayMs: delay, error: this.#entry(error) };
+    const entry = (e: unknown) => errorEntry(e, this.#runSecrets(args));
+    let cause = error;
+    if (kind === "Snooze" || kind === "Retry") {
+      let delay: unknown;
+      try {
+        delay = (error as { delay?: unknown }).delay;
+      } catch {
+        delay = NaN;
+      }
+      if (isDelay(delay)) {
+        if (kind === "Snooze") return { ...base, kind: "snooze", delayMs: delay };
+        return { ...base, kind: "retry", delayMs: delay, error: entry(error) };
+      }
+      // A Retry without a delay takes the task's backoff.
+      if (kind === "Snooze" || delay !== undefined) cause = invalidDelay(kind, delay);
     }
+    if (kind === "Cancel") return { ...base, kind: "cancel", error: entry(error) };
+    if (kind === "Fail") return { ...base, kind: "fail", error: entry(error) };
     const spent = job.attempt + 1;
     const backoff = nextDelay(task?.backoff, spent, error);
-    if (backoff === null) return { ...base, kind: "fail", error: this.#entry(error) };
-    return { ...base, kind: "retry", delayMs: backoff, error: this.#entry(error) };
+    if (backoff === null) return { ...base, kind: "fail", error: entry(cause) };
+    return { ...base, kind: "retry", delayMs: backoff, error: entry(cause) };
   }
 
-  #entry(error: unknown): { error: string; message: string } {
-    if (error instanceof Error) {
-      return { error: error.name || "Error", message: this.#message(error.message) };
-    }
-    return { error: "Error", message: this.#message(`non-Error thrown: ${String(error)}`) };
-  }
-
-  #message(text: string): string {
-    const clean = redact(String(text), this.#secrets).replaceAll("\u0000", "");
-    return clean.length > MESSAGE_MAX ? `${clean.slice(0, MESSAGE_MAX - 1)}…` : clean;
+  /** What the run's stored errors must not contain: credentials, argument values. */
+  #runSecrets(args: unknown): string[] {
+    return runSecrets(this.#secrets, args);
   }
 
   async #completeTx<T>(state: RunContext, fn: (tx: TransactionSql) => Promise<T>): Promise<T> {
@@ -236,6 +269,36 @@ export class Executor {
       state.inCompleteTx = false;
     }
   }
+}
+
+/** Whether a handler's return value is a promise (or another thenable) to wait for. */
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  try {
+    return typeof (value as PromiseLike<unknown> | null)?.then === "function";
+  } catch {
+    return false; // a result that cannot be read: the result check refuses it
+  }
+}
+
+/** Why a result cannot be stored, or null; also when reading it throws. */
+function resultProblem(result: unknown): string | null {
+  try {
+    return jsonProblem(result, "result");
+  } catch (error) {
+    return `the result cannot be read (reading it threw ${errorEntry(error, []).error})`;
+  }
+}
+
+/** The error a `Retry` or `Snooze` with an unusable delay is stored as. */
+function invalidDelay(kind: "Retry" | "Snooze", delay: unknown): Error {
+  const shown = typeof delay === "number" ? String(delay) : `a ${typeof delay}`;
+  return Object.assign(
+    new Error(
+      `${kind} delay must be a number of milliseconds from 0 to ${MAX_DELAY} (365 days), ` +
+        `got ${shown}; counted as a failed attempt`,
+    ),
+    { name: "InvalidDelay" },
+  );
 }
 
 /** How a run settled: the handler's value or error, or an interrupt. */

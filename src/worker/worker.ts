@@ -24,6 +24,7 @@ import { type Execution, Executor } from "./executor.ts";
 import { Heartbeat } from "./heartbeat.ts";
 import type { JobRow } from "./job_row.ts";
 import type { WrittenRow } from "./completer.ts";
+import { unstorableOutcome } from "./completer.ts";
 import { Listener } from "./listener.ts";
 import { LoopConnection } from "./loop_connection.ts";
 import { installProcessGuard, type Stray } from "./process_guard.ts";
@@ -31,6 +32,13 @@ import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
 import { settleWithin } from "./settle.ts";
+import { renderMetrics } from "../metrics.ts";
+import {
+  finishedOutcome,
+  type MetricsServer,
+  serveMetrics,
+  WorkerMetrics,
+} from "./worker_metrics.ts";
 
 /** Why `worker.run()` returned, with the process exit code it implies. */
 export interface WorkerExit {
@@ -68,6 +76,8 @@ interface Running {
   /** Null only while its start() has not returned. */
   execution: Execution | null;
   queue: string;
+  /** `performance.now()` at its start: the run duration of the metrics. */
+  startedAt: number;
 }
 
 interface PendingOutcome {
@@ -97,6 +107,8 @@ export class Worker {
   readonly id: string;
   /** The validated options. */
   readonly config: WorkerConfig;
+  /** This worker's jobs finished and run durations (served with `metricsPort`). */
+  readonly metrics: WorkerMetrics;
   #app: Akadze;
   #log = logger("worker");
   #heartbeat: Heartbeat;
@@ -159,6 +171,7 @@ export class Worker {
     const host = hostname();
     this.id = this.config.id ?? `${host}:${Deno.pid}:${crypto.randomUUID().slice(0, 8)}`;
     const hooks = app.hooks.onTransition;
+    this.metrics = new WorkerMetrics(this.config.queues, () => this.#busy, app.tasks.values());
     // Not from the pool: tasks holding every pooled connection must not hold up the loop
     // and its heartbeat (the lease). The pruner runs beside the loop, so it stays on the pool.
     this.#connection = new LoopConnection(app.sql);
@@ -259,6 +272,24 @@ export class Worker {
   async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
     if (this.#running) throw new AkadzeError("this worker is already running");
     this.#running = true;
+    let metricsServer: MetricsServer | null;
+    try {
+      metricsServer = await this.#serveMetrics();
+    } catch (error) {
+      this.#running = false;
+      const { metricsHost, metricsPort } = this.config;
+      const message = `cannot serve metrics on ${metricsHost}:${metricsPort}: ${
+        describeError(error)
+      }`;
+      this.#log.error("worker {workerId} stopped: {reason}: {message}", {
+        event: "worker_stopped",
+        workerId: this.id,
+        reason: "fatal",
+        code: 1,
+        message,
+      });
+      return { code: 1, reason: "fatal", message };
+    }
     this.#startedAt = performance.now();
     this.#writeOnLoop = false;
     this.#nextListen = 0;
@@ -327,6 +358,7 @@ export class Worker {
       await Promise.all([
         pruned ?? settleWithin(this.#pruning, RELEASE_TIMEOUT),
         this.#listener.stop(),
+        metricsServer?.shutdown(),
       ]);
       if (this.#listenSql) {
         await this.#listenSql.end({ timeout: 1 }).catch(() => {});
@@ -515,6 +547,37 @@ export class Worker {
     }
   }
 
+  /** Start the metrics endpoint when `metricsPort` is set (rejects when the port is taken). */
+  async #serveMetrics(): Promise<MetricsServer | null> {
+    const { metricsPort, metricsHost, metricsQueueState } = this.config;
+    if (metricsPort === undefined) return null;
+    const app = this.#app;
+    const server = await serveMetrics({
+      hostname: metricsHost,
+      port: metricsPort,
+      render: async () => {
+        const own = this.metrics.render();
+        if (!metricsQueueState) return own;
+        try {
+          return own + await renderMetrics(app.sql, { schema: app.schema });
+        } catch (error) {
+          // The worker's own series matter most while the database is unreachable.
+          this.#log.warn("metrics: could not read the queue state: {message}", {
+            event: "metrics_queue_state_failed",
+            message: describeError(error),
+          });
+          return own;
+        }
+      },
+    });
+    this.#log.info("metrics served at http://{host}:{port}/metrics", {
+      event: "metrics_listening",
+      host: server.hostname,
+      port: server.port,
+    });
+    return server;
+  }
+
   /** Heartbeat when due; returns an exit when the lease is lost or the error is fatal. */
   async #beatIfDue(): Promise<WorkerExit | null> {
     const now = performance.now();
@@ -621,7 +684,7 @@ export class Worker {
 
   #start(row: ClaimedJob): void {
     this.#claims++;
-    const run: Running = { execution: null, queue: row.queue };
+    const run: Running = { execution: null, queue: row.queue, startedAt: performance.now() };
     this.#inflight.set(row.id, run);
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
     // The outcome may come before start() returns (a synchronous handler).
@@ -632,6 +695,8 @@ export class Worker {
   /** A run is over: free its slot and queue its outcome (the next claim overlaps the write). */
   #finished(row: ClaimedJob, outcome: Outcome | null): void {
     const wasFull = this.#isFull(row.queue) || this.#writeRoom() <= 0;
+    const run = this.#inflight.get(row.id);
+    if (run) this.metrics.observe(row.task, row.queue, performance.now() - run.startedAt);
     this.#inflight.delete(row.id);
     this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
     // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
@@ -743,15 +808,16 @@ export class Worker {
         return;
       }
       const [p] = batch;
-      const code = (error as { code?: unknown }).code;
-      if (typeof code === "string" && /^(22|54)/.test(code) && p.outcome.kind === "succeeded") {
-        // The database refused the value itself: record that, do not run the job again.
-        p.outcome = {
-          id: p.outcome.id,
-          runCount: p.outcome.runCount,
-          kind: "fail",
-          error: { error: "ResultNotStorable", message: describeError(error).slice(0, 500) },
-        };
+      const replacement = unstorableOutcome(p.outcome, error);
+      if (replacement) {
+        // The database refused the values themselves: record that, do not run the job again.
+        this.#log.warn("the outcome of job {jobId} cannot be stored; ending the job: {message}", {
+          event: "outcome_not_storable",
+          jobId: p.outcome.id,
+          kind: p.outcome.kind,
+          message: describeError(error),
+        });
+        p.outcome = replacement;
         return await this.#writeBatch([p]);
       }
       this.#log.error("could not write the outcome of job {jobId}: {message}", {
@@ -767,6 +833,8 @@ export class Worker {
     for (const row of result.written) {
       const p = byId.get(row.id);
       if (log || row.state === "failed") this.#logState(row, "running", p?.outcome, p?.job);
+      const finished = p?.job && finishedOutcome(row.state, p.outcome.kind);
+      if (finished) this.metrics.finished(p.job!.task, p.job!.queue, finished);
       p?.done();
     }
     for (const outcome of result.stale) {
