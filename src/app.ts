@@ -5,6 +5,7 @@
  * @module
  */
 import { connect, DEFAULT_SCHEMA, describeError, quoteSchema, type Sql } from "./db.ts";
+import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
 import { AkadzeError } from "./errors.ts";
 import type { Hooks } from "./job.ts";
 import { MAX_ARGS_BYTES } from "./enqueue.ts";
@@ -40,9 +41,23 @@ export interface AkadzeOptions {
   retention?: number;
   /** How late a schedule fire may still be enqueued. Default 60 s. */
   grace?: number;
-  /** NOTIFY workers on enqueue (turn off behind PgBouncer transaction pooling). Default true. */
+  /**
+   * NOTIFY workers on enqueue, and let workers LISTEN for it. Behind PgBouncer in transaction
+   * mode, give workers a `listenUrl` that reaches PostgreSQL directly, or turn it off.
+   * Default true.
+   */
   notify?: boolean;
-  /** Pool size of the owned pool. Default 10. */
+  /**
+   * A postgres:// URL for the workers' LISTEN connection only (everything else uses
+   * `databaseUrl` or `sql`): a direct connection to PostgreSQL when the rest goes through a
+   * pooler in transaction mode, which cannot carry LISTEN. Default: the environment variable
+   * `AKADZE_LISTEN_URL` when set, else the LISTEN connection is derived from the pool.
+   */
+  listenUrl?: string;
+  /**
+   * Pool size of the owned pool. Default: the environment variable `AKADZE_POOL_SIZE` when
+   * set (`akadze worker --pool-size N` sets it), else 10.
+   */
   max?: number;
   /** Use prepared statements in the owned pool. Default false. */
   prepare?: boolean;
@@ -81,6 +96,7 @@ const APP_OPTION_NAMES = new Set([
   "retention",
   "grace",
   "notify",
+  "listenUrl",
   "max",
   "prepare",
   "maxArgsBytes",
@@ -117,6 +133,8 @@ export class Akadze {
   readonly grace: number;
   /** Whether enqueues NOTIFY workers. */
   readonly notify: boolean;
+  /** The URL of the workers' LISTEN connection, when it is not derived from the pool. */
+  readonly listenUrl: string | undefined;
   /** The largest arguments of one job, bytes of JSON text. */
   readonly maxArgsBytes: number;
   /** Registered tasks by name. */
@@ -162,15 +180,28 @@ export class Akadze {
       throw new AkadzeError("notify must be a boolean");
     }
     this.notify = options.notify ?? true;
+    const listenUrl = options.listenUrl ?? readEnv(LISTEN_URL_ENV);
+    if (
+      listenUrl !== undefined &&
+      (typeof listenUrl !== "string" || !/^postgres(ql)?:\/\//.test(listenUrl))
+    ) {
+      throw new AkadzeError(
+        options.listenUrl === undefined
+          ? `${LISTEN_URL_ENV} must be a postgres:// or postgresql:// URL`
+          : "listenUrl must be a postgres:// or postgresql:// URL",
+      );
+    }
+    this.listenUrl = listenUrl;
     const maxArgsBytes = options.maxArgsBytes;
     if (maxArgsBytes !== undefined && (!Number.isSafeInteger(maxArgsBytes) || maxArgsBytes < 1)) {
       throw new AkadzeError(`maxArgsBytes must be a positive integer, got ${maxArgsBytes}`);
     }
     this.maxArgsBytes = maxArgsBytes ?? MAX_ARGS_BYTES;
-    const max = options.max;
+    let max = options.max;
     if (max !== undefined && (!Number.isInteger(max) || max < 1)) {
       throw new AkadzeError(`max must be a positive integer, got ${max}`);
     }
+    if (max === undefined && sql === undefined) max = poolSizeFromEnv();
     this.#owned = sql === undefined;
     this.sql = sql ?? connect(databaseUrl as string, { max, prepare: options.prepare });
     this.tasks = this.#tasks;

@@ -16,7 +16,7 @@
  */
 import { reportError, UsageError } from "./common.ts";
 import { importApp } from "./load_app.ts";
-import { runAppWorker, stopOnSignals } from "./worker.ts";
+import { applyPoolSize, runAppWorker, stopOnSignals } from "./worker.ts";
 import { parseWorkerCommandLine, workerFlagsHelp } from "./worker_flags.ts";
 
 /** Which app a compiled worker runs. */
@@ -61,6 +61,7 @@ export async function runCompiledWorker(
           "(--slots sets the jobs at a time of each)",
       );
     }
+    applyPoolSize(line);
     const stop = new AbortController();
     const removeSignals = stopOnSignals(stop);
     try {

@@ -12,7 +12,7 @@ import { startThrowawayPostgres, type ThrowawayPostgres } from "../throwaway_pos
 import { runUnderAppConfig } from "./app_config.ts";
 import { DATABASE_URL_ENV } from "./common.ts";
 import { assertAppModuleExists, loadApp, parseAppTarget } from "./load_app.ts";
-import { runAppWorker, stopOnSignals } from "./worker.ts";
+import { applyPoolSize, runAppWorker, stopOnSignals } from "./worker.ts";
 import { parseWorkerCommandLine, workerFlagsHelp } from "./worker_flags.ts";
 
 const DEV_DATABASE = "akadze_dev";
@@ -63,6 +63,7 @@ export async function devCommand(args: string[]): Promise<number> {
         `removed on exit; to enqueue from another shell, set\n${DATABASE_URL_ENV}=${redact(url)}`,
     );
     if (stop.signal.aborted) return 0;
+    applyPoolSize(line);
     const loaded = await loadApp(target);
     return await runAppWorker(loaded, line, stop.signal);
   } finally {

@@ -95,6 +95,7 @@ export function childArguments(
   passthrough: string[],
   slot: number,
   supervisorPid: number,
+  budgetProcesses?: number,
 ): string[] {
   return [
     "worker",
@@ -104,6 +105,7 @@ export function childArguments(
     String(slot),
     "--supervisor-pid",
     String(supervisorPid),
+    ...(budgetProcesses === undefined ? [] : ["--budget-processes", String(budgetProcesses)]),
     ...passthrough,
   ];
 }
@@ -133,8 +135,11 @@ export function supervisorGone(supervisorPid: number, parentPid: number): boolea
 export interface ChildCommand {
   /** The executable. */
   command: string;
-  /** Its arguments for a slot. */
-  args(slot: number): string[];
+  /**
+   * Its arguments for a slot; `first`: the first start of all (slot 0's, not a restart), the
+   * one that checks the connection budget of every process.
+   */
+  args(slot: number, first?: boolean): string[];
 }
 
 /**
@@ -142,7 +147,10 @@ export interface ChildCommand {
  * the same runtime flags (permissions, config, lock file, …) and script, with
  * {@linkcode childArguments}. Usage errors when this process may not start it.
  */
-export async function resolveChildCommand(passthrough: string[]): Promise<ChildCommand> {
+export async function resolveChildCommand(
+  passthrough: string[],
+  processes?: number,
+): Promise<ChildCommand> {
   if (Deno.args[0] !== "worker") {
     throw new UsageError(
       "--processes starts each worker process with this process's command line, so it needs " +
@@ -154,7 +162,13 @@ export async function resolveChildCommand(passthrough: string[]): Promise<ChildC
     ? []
     : commandPrefix(await ownCommandLine(command), Deno.args);
   const pid = Deno.pid;
-  return { command, args: (slot) => [...prefix, ...childArguments(passthrough, slot, pid)] };
+  return {
+    command,
+    args: (slot, first) => [
+      ...prefix,
+      ...childArguments(passthrough, slot, pid, first ? processes : undefined),
+    ],
+  };
 }
 
 /** The executable of the worker processes: this runtime, if `--allow-run` allows it. */
@@ -357,7 +371,7 @@ export class Supervisor {
     slot.startedAt = performance.now();
     try {
       child = new Deno.Command(command.command, {
-        args: command.args(slot.index),
+        args: command.args(slot.index, slot.index === 0 && !restart),
         stdin: "null",
         stdout: "inherit",
         stderr: "inherit",
@@ -484,7 +498,7 @@ export async function superviseWorkers(
   await configureCliLogging(line.logging);
   const supervisor = new Supervisor({
     processes: line.processes,
-    child: await resolveChildCommand(line.passthrough),
+    child: await resolveChildCommand(line.passthrough, line.processes),
     heartbeatFile: line.worker.heartbeatFile,
   });
   const removeSignals = countSignals(SUPERVISOR_SIGNALS, (signal) => supervisor.signal(signal));

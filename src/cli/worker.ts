@@ -8,7 +8,9 @@ import { describeError, isTransientError } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { pendingVersions } from "../migrate.ts";
+import { POOL_SIZE_ENV, readEnv } from "../env.ts";
 import { WORKER_DEFAULTS } from "../worker/config.ts";
+import { budgetWarning, measureConnectionBudget } from "../worker/connection_budget.ts";
 import { installProcessGuard } from "../worker/process_guard.ts";
 import { Worker } from "../worker/worker.ts";
 import { rerunParent, runUnderAppConfig } from "./app_config.ts";
@@ -19,7 +21,12 @@ import { configureCliLogging } from "./logging.ts";
 import { safeText } from "./output.ts";
 import { handleStopSignals } from "./signals.ts";
 import { superviseWorkers, watchSupervisor } from "./supervisor.ts";
-import { parseWorkerCommandLine, type WorkerCommandLine, workerFlagsHelp } from "./worker_flags.ts";
+import {
+  DEFAULT_WORKER_POOL_SIZE,
+  parseWorkerCommandLine,
+  type WorkerCommandLine,
+  workerFlagsHelp,
+} from "./worker_flags.ts";
 
 /** Help text of `akadze worker`. */
 export function workerHelp(): string {
@@ -56,6 +63,7 @@ export async function workerCommand(args: string[]): Promise<number> {
     // One endpoint per worker process: the supervisor's port plus the slot.
     if (line.worker.metricsPort) line.worker.metricsPort += line.slot;
   }
+  applyPoolSize(line);
   const stop = new AbortController();
   const removeSignals = stopOnSignals(stop);
   try {
@@ -63,6 +71,26 @@ export async function workerCommand(args: string[]): Promise<number> {
     return await runAppWorker(loaded, line, stop.signal);
   } finally {
     removeSignals();
+  }
+}
+
+/**
+ * Before the app module is loaded: set AKADZE_POOL_SIZE, which an app whose code gives no
+ * `max` takes as its pool size, to `--pool-size`, or to the worker's default when the
+ * environment has none. A process that may not set it (no --allow-env for it) leaves it.
+ */
+export function applyPoolSize(line: WorkerCommandLine): void {
+  const granted =
+    Deno.permissions.querySync({ name: "env", variable: POOL_SIZE_ENV }).state === "granted";
+  if (line.poolSize !== undefined) {
+    if (!granted) {
+      throw new UsageError(
+        `--pool-size reaches the app through ${POOL_SIZE_ENV}: allow it (--allow-env=AKADZE_*)`,
+      );
+    }
+    Deno.env.set(POOL_SIZE_ENV, String(line.poolSize));
+  } else if (granted && readEnv(POOL_SIZE_ENV) === undefined) {
+    Deno.env.set(POOL_SIZE_ENV, String(DEFAULT_WORKER_POOL_SIZE));
   }
 }
 
@@ -130,6 +158,15 @@ export async function runAppWorker(
       log.warn("the app registers no tasks: nothing can run", { event: "app_without_tasks" });
     }
     await assertMigrated(app, secrets);
+    warnPoolSizeIgnored(app, line);
+    // One check per start: a lone worker's, or the first start of a supervisor's slot 0,
+    // for all its processes.
+    // Not with a listenUrl: the rest then goes through a pooler, whose clients are not the
+    // server's connections.
+    const processes = line.slot === undefined ? 1 : line.budgetProcesses;
+    if (processes !== undefined && app.listenUrl === undefined) {
+      await checkConnectionBudget(app, processes);
+    }
     const exit = await worker.run({ signal });
     if (exit.code !== 0) {
       console.error(`error: ${safeText(describeError(exit.message ?? exit.reason, secrets))}`);
@@ -171,6 +208,46 @@ function drainWhenOrphaned(
     },
   );
   return { signal: orphaned.signal, unwatch };
+}
+
+/** Say so when the app's code sets a pool size other than the one asked for. */
+function warnPoolSizeIgnored(app: Akadze, line: WorkerCommandLine): void {
+  const asked = readEnv(POOL_SIZE_ENV);
+  const max = (app.sql.options as { max?: unknown } | undefined)?.max;
+  if (asked === undefined || typeof max !== "number" || String(max) === asked) return;
+  if (line.poolSize === undefined && asked === String(DEFAULT_WORKER_POOL_SIZE)) return;
+  logger("cli").warn(
+    "the app sets its own pool size ({max}: max, or its own sql, in its code), so " +
+      `${line.poolSize === undefined ? POOL_SIZE_ENV : "--pool-size"} {asked} does not ` +
+      "apply: remove max from new Akadze({...}) to size the pool from the command line",
+    { event: "pool_size_ignored", max, asked: Number(asked) },
+  );
+}
+
+/**
+ * Warn once when what the worker processes being started may open does not fit in what the
+ * server has free. Only a warning, never a failure: the numbers are an estimate.
+ */
+async function checkConnectionBudget(app: Akadze, processes: number): Promise<void> {
+  const log = logger("cli");
+  try {
+    // Connections of this app opened since shortly before this process started are its
+    // own or its siblings' (started together).
+    const budget = await measureConnectionBudget(app, processes, performance.now() + 5_000);
+    const props = { event: "connection_budget", ...budget };
+    if (budget.needed > budget.free) log.warn(budgetWarning(budget), props);
+    else {
+      log.debug(
+        "connection budget: {needed} connections at most, {free} free on the server",
+        props,
+      );
+    }
+  } catch (error) {
+    log.debug("could not check the connection budget: {message}", {
+      event: "connection_budget_unknown",
+      message: describeError(error),
+    });
+  }
 }
 
 /** A one-line failure when the schema is missing or behind; a database that is down is not. */

@@ -5,6 +5,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
+import { MAX_POOL_SIZE } from "../env.ts";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
 import { parseFlags, UsageError } from "./common.ts";
 import {
@@ -31,6 +32,13 @@ export interface WorkerCommandLine {
   slot?: number;
   /** Under a supervisor (hidden `--supervisor-pid`): the pid to watch; gone means drain. */
   supervisorPid?: number;
+  /** `--pool-size`: the pool size of the app (when its code gives none). */
+  poolSize?: number;
+  /**
+   * Under a supervisor (hidden `--budget-processes N`, on the first start of slot 0): check
+   * the connection budget of all N processes. Absent under a supervisor: no check.
+   */
+  budgetProcesses?: number;
   /**
    * The arguments without `--processes`, `--slot` and `--supervisor-pid`: what a
    * supervisor passes on to its worker processes.
@@ -54,9 +62,11 @@ const FLAGS = {
   "metrics-host": { type: "string" },
   "metrics-queue-state": { type: "boolean" },
   processes: { type: "string" },
+  "pool-size": { type: "string" },
   // Hidden: set by the supervisor of --processes N on the worker processes it starts.
   slot: { type: "string" },
   "supervisor-pid": { type: "string" },
+  "budget-processes": { type: "string" },
   "log-format": { type: "string" },
   "log-level": { type: "string" },
   help: { type: "boolean", short: "h" },
@@ -64,7 +74,13 @@ const FLAGS = {
 
 /** The most worker processes `--processes` accepts. */
 export const MAX_PROCESSES = 1024;
-const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid"]);
+const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid", "budget-processes"]);
+/**
+ * The pool size of a worker's app when neither --pool-size nor AKADZE_POOL_SIZE is given (and
+ * the app's code sets none): with the loop's and the LISTEN connection, 7 per process, so that
+ * ten processes fit a default PostgreSQL (max_connections 100).
+ */
+export const DEFAULT_WORKER_POOL_SIZE = 5;
 const MS_MAX = 2147483647;
 const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
 const INTEGER = /^\d+$/;
@@ -98,6 +114,9 @@ export function workerFlagsHelp(): string {
   --metrics-host HOST       the address of --metrics-port (default ${d.metricsHost})
   --metrics-queue-state     add the queue gauges of akadze metrics to every scrape (one
                             database read per scrape)
+  --pool-size N             database pool size of the app, when its code sets no max (also
+                            AKADZE_POOL_SIZE; default ${DEFAULT_WORKER_POOL_SIZE}). A worker process opens up to N + 2
+                            connections: the pool, the worker loop's and the LISTEN one
   --processes N             run N worker processes under a supervisor that restarts a dead
                             one (1 s, doubling to 30 s); more than 5 deaths of one in 60 s
                             stop it with exit 1. Not with --batch or --max-jobs (default 1)
@@ -159,6 +178,14 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     if (slot === undefined) throw new UsageError("--supervisor-pid goes with --slot");
     supervisorPid = integer("--supervisor-pid", values["supervisor-pid"], 1, 2 ** 31 - 1);
   }
+  let budgetProcesses: number | undefined;
+  if (values["budget-processes"] !== undefined) {
+    if (slot === undefined) throw new UsageError("--budget-processes goes with --slot");
+    budgetProcesses = integer("--budget-processes", values["budget-processes"], 1, MAX_PROCESSES);
+  }
+  const poolSize = values["pool-size"] === undefined
+    ? undefined
+    : integer("--pool-size", values["pool-size"], 1, MAX_POOL_SIZE);
   const worker: WorkerOptions = {};
   if (values.queue) worker.queues = values.queue.flatMap((q) => q.split(",")).map((q) => q.trim());
   if (values.slots !== undefined) worker.slots = integer("--slots", values.slots, 1, 10_000);
@@ -222,6 +249,8 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     processes,
     slot,
     supervisorPid,
+    poolSize,
+    budgetProcesses,
     passthrough: withoutSupervisorFlags(args),
   };
 }

@@ -7,7 +7,14 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isSchemaMissing, isTransientError, schemaMissingMessage } from "../db.ts";
+import {
+  connect,
+  describeError,
+  isSchemaMissing,
+  isTransientError,
+  schemaMissingMessage,
+  type Sql,
+} from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { logger } from "../log.ts";
 import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
@@ -60,6 +67,10 @@ const DB_BACKOFF_MAX = 30_000;
 const RELEASE_TIMEOUT = 5_000;
 /** How often the claim pass also cancels queued jobs with a cancel request or expiry. */
 const CANCEL_EVERY = 1_000;
+/** How long after a failed LISTEN the worker tries again (it polls meanwhile). */
+const LISTEN_RETRY = 5_000;
+/** How long the listener's probe notification may take before LISTEN counts as not working. */
+const PROBE_TIMEOUT = 10_000;
 
 interface Running {
   /** Null only while its start() has not returned. */
@@ -110,6 +121,13 @@ export class Worker {
   #writeOnLoop = false;
   #executor: Executor;
   #listener: Listener;
+  /** The instance of `app.listenUrl` the listener runs on, while a run has one open. */
+  #listenSql: Sql | null = null;
+  #nextListen = 0;
+  #listenFailing = false;
+  #probed = false;
+  /** Ends a probe still waiting when the run ends. */
+  #probeStop = new AbortController();
   /** The loop's own connection (heartbeat, rescue, claim, cancel, schedules). */
   #connection: LoopConnection;
   #services: LoopService[] = [];
@@ -190,7 +208,11 @@ export class Worker {
       typeof password === "string" && password ? [password] : [],
     );
     if (this.config.schedules) this.#services.push(new Scheduler(app, loopSql));
-    this.#listener = new Listener(app.sql, app.schema, this.config.queues, {
+    this.#listener = this.#makeListener(app.sql);
+  }
+
+  #makeListener(sql: Sql): Listener {
+    return new Listener(sql, this.#app.schema, this.config.queues, {
       onJobs: () => this.#wakeUp(),
       onCancel: (id) => this.#cancel(id),
     });
@@ -270,6 +292,20 @@ export class Worker {
     }
     this.#startedAt = performance.now();
     this.#writeOnLoop = false;
+    this.#nextListen = 0;
+    this.#listenFailing = false;
+    this.#probed = false;
+    this.#probeStop = new AbortController();
+    if (this.#app.notify && this.#app.listenUrl !== undefined) {
+      // Its own instance of one connection: the LISTEN goes to listenUrl, nothing else does.
+      const options = this.#app.sql.options as { connection?: { application_name?: unknown } };
+      const name = options.connection?.application_name;
+      this.#listenSql = connect(this.#app.listenUrl, {
+        max: 1,
+        applicationName: typeof name === "string" ? name : undefined,
+      });
+      this.#listener = this.#makeListener(this.#listenSql);
+    }
     const onAbort = () => this.stop();
     options.signal?.addEventListener("abort", onAbort);
     if (options.signal?.aborted) this.stop();
@@ -317,12 +353,18 @@ export class Worker {
       }
     } finally {
       clearInterval(watchdog);
+      this.#probeStop.abort();
       options.signal?.removeEventListener("abort", onAbort);
       await Promise.all([
         pruned ?? settleWithin(this.#pruning, RELEASE_TIMEOUT),
         this.#listener.stop(),
         metricsServer?.shutdown(),
       ]);
+      if (this.#listenSql) {
+        await this.#listenSql.end({ timeout: 1 }).catch(() => {});
+        this.#listenSql = null;
+        this.#listener = this.#makeListener(this.#app.sql);
+      }
       removeGuard();
       this.#running = false;
     }
@@ -360,7 +402,7 @@ export class Worker {
       let foundNothing = false;
       let idle = false;
       try {
-        if (this.#app.notify && !this.#listener.listening) await this.#listener.start();
+        await this.#listen();
         const now = performance.now();
         if (now >= nextRescue) {
           nextRescue = now + config.heartbeatInterval;
@@ -390,7 +432,8 @@ export class Worker {
           delay: dbBackoff,
           message: describeError(error),
         });
-        await this.#sleep(dbBackoff);
+        // Not past the next heartbeat: a backoff longer than the lease would cost it.
+        await this.#sleep(Math.min(dbBackoff, this.#nextBeat - performance.now()));
         continue;
       }
       if (config.maxJobs !== undefined && this.#claims >= config.maxJobs) {
@@ -404,6 +447,86 @@ export class Worker {
       await this.#sleep(Math.min(poll, this.#nextBeat - performance.now()));
     }
     return { code: 0, reason: "stopped" };
+  }
+
+  /**
+   * LISTEN when notify is on and the listener is not listening. A connection the server
+   * refuses for now (too many clients, say) leaves the worker polling: it keeps claiming
+   * and heartbeating, and tries again a few seconds later. The first success is probed.
+   */
+  async #listen(): Promise<void> {
+    if (!this.#app.notify || this.#listener.listening) return;
+    if (performance.now() < this.#nextListen) return;
+    try {
+      await this.#listener.start();
+    } catch (error) {
+      if (!isTransientError(error)) throw error;
+      this.#nextListen = performance.now() + LISTEN_RETRY;
+      if (!this.#listenFailing) {
+        this.#listenFailing = true;
+        this.#log.warn(
+          "could not LISTEN for new jobs, finding them by polling every {pollInterval} ms " +
+            "until it works: {message}",
+          {
+            event: "listen_failed",
+            workerId: this.id,
+            pollInterval: this.config.pollInterval,
+            message: describeError(error),
+          },
+        );
+      }
+      return;
+    }
+    if (this.#listenFailing) {
+      this.#listenFailing = false;
+      this.#log.info("listening for new jobs again", {
+        event: "listen_started",
+        workerId: this.id,
+      });
+    }
+    if (!this.#probed) {
+      this.#probed = true;
+      void this.#probeListen();
+    }
+  }
+
+  /**
+   * Check once that a notification sent through the app's connection reaches the listener;
+   * when it does not (a pooler in transaction mode), say so once: the worker then finds
+   * new jobs by polling only.
+   */
+  async #probeListen(): Promise<void> {
+    const sql = this.#connection.sql;
+    const stop = this.#probeStop.signal;
+    let arrived: boolean;
+    try {
+      arrived = await this.#listener.probe(
+        (channel, payload) => sql`select pg_notify(${channel}, ${payload})`,
+        PROBE_TIMEOUT,
+        stop,
+      );
+    } catch {
+      return; // the database is unreachable now: nothing to conclude
+    }
+    if (arrived) {
+      this.#log.debug("notifications reach this worker", {
+        event: "listen_probed",
+        workerId: this.id,
+      });
+      return;
+    }
+    if (stop.aborted || this.#stopRequested) return;
+    const via = this.#app.listenUrl === undefined
+      ? "LISTEN does not work through a connection pooler in transaction mode (such as " +
+        "PgBouncer). Give the worker a direct connection to PostgreSQL for LISTEN (the app " +
+        "option listenUrl, or AKADZE_LISTEN_URL), or set notify: false to silence this"
+      : "check that listenUrl (AKADZE_LISTEN_URL) reaches the same PostgreSQL database " +
+        "directly, not through a pooler in transaction mode";
+    this.#log.warn(
+      "notifications do not reach this worker: it finds new jobs only by polling every " +
+        `{pollInterval} ms, and notices cancel requests at its heartbeat. ${via}`,
+      { event: "listen_unavailable", workerId: this.id, pollInterval: this.config.pollInterval },
+    );
   }
 
   /**
