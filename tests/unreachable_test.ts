@@ -37,7 +37,8 @@ Deno.test("a batch worker whose database never answers stops with code 1 after h
     }
     assertEquals([exit.code, exit.reason], [1, "heartbeat_lost"]);
     assertMatch(exit.message ?? "", /could not reach the database/);
-    assertMatch(exit.message ?? "", /ECONNREFUSED/);
+    // The last heartbeat's error: refused, or (on a loaded machine) out of its time.
+    assertMatch(exit.message ?? "", /ECONNREFUSED|ETIMEDOUT/);
     assert(!exit.message?.includes(PASSWORD), exit.message);
   } finally {
     await app.close();
