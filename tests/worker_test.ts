@@ -461,7 +461,7 @@ Deno.test("completeTx rolls back on an error, a nested call, lost ownership and 
       // Lost ownership: the run_count moved on before the transition, so nothing commits.
       const lost = await t.enqueue({ tag: "lost" });
       const w = startWorker(app);
-      await waitFor(() => errors.lost, "the lost-ownership error", 10_000);
+      await waitFor(() => errors.lost, "the lost-ownership error", 30_000);
       await w.stop();
       assertMatch(errors.lost, /no longer owned by this run/);
       assertEquals((await sql`select * from public.writes where tag = 'lost'`).length, 0);
@@ -647,7 +647,7 @@ Deno.test("the worker keeps claiming while its prune waits on a lock, and prunes
     try {
       await waitForLockWait(sql, "a prune waiting on the lock", "delete from %periodic_runs%");
       for (let n = 0; n < 5; n++) await job.enqueue({ n });
-      await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 10_000);
+      await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 30_000);
     } finally {
       await held.release();
     }
