@@ -13,7 +13,7 @@ import { isPlainObject } from "./json.ts";
 import { logger } from "./log.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
-import { installDriverGuard } from "./worker/driver_guard.ts";
+import { guardTypeFetch, installDriverGuard } from "./worker/driver_guard.ts";
 import { closeLoopConnections } from "./worker/loop_connection.ts";
 import {
   type AnyTask,
@@ -203,6 +203,8 @@ export class Akadze {
     }
     if (max === undefined && sql === undefined) max = poolSizeFromEnv();
     this.#owned = sql === undefined;
+    // An adopted pool fetches types on each new connection too (connect() guards its own).
+    if (sql) guardTypeFetch();
     this.sql = sql ?? connect(databaseUrl as string, { max, prepare: options.prepare });
     this.tasks = this.#tasks;
     this.schedules = this.#schedules;

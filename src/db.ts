@@ -7,6 +7,7 @@
 import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
+import { guardTypeFetch } from "./worker/driver_guard.ts";
 
 /** A postgres.js instance (or a transaction of one), as akadze accepts it. */
 export type Sql = postgres.Sql;
@@ -57,6 +58,9 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
   if (typeof databaseUrl !== "string" || !/^postgres(ql)?:\/\//.test(databaseUrl)) {
     throw new AkadzeError("databaseUrl must be a postgres:// or postgresql:// URL");
   }
+  // Each new connection first fetches the array types, and a connection lost during that
+  // fetch leaves an unhandled rejection behind that would end the process.
+  guardTypeFetch();
   return postgres(databaseUrl, {
     ...(urlHasUser(databaseUrl) ? {} : { user: defaultUser() }),
     max: options.max ?? 10,

@@ -97,7 +97,7 @@ export async function psql(
 export async function waitFor<T>(
   check: () => Promise<T> | T,
   what: string,
-  timeoutMs = 15_000,
+  timeoutMs = 30_000,
 ): Promise<T> {
   const until = Date.now() + timeoutMs;
   for (;;) {
@@ -179,7 +179,7 @@ export async function waitForJob(
   id: string,
   check: (row: Record<string, unknown>) => boolean,
   what = "the job",
-  timeoutMs = 15_000,
+  timeoutMs = 30_000,
 ): Promise<Record<string, unknown>> {
   const row = await waitFor(
     async () => {

@@ -4,10 +4,12 @@ import {
   installDriverGuard,
   isDriverError,
   isStraySocketError,
+  isTypeFetchError,
 } from "../src/worker/driver_guard.ts";
 import { Akadze } from "../src/app.ts";
+import { connect } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { withDatabase } from "./_helpers.ts";
+import { waitFor, withDatabase } from "./_helpers.ts";
 
 /** An error shaped like one the runtime raised: a code and the given stack frames. */
 function socketError(code: string, message: string, frames: string[]): Error {
@@ -89,5 +91,69 @@ Deno.test("closing the app absorbs a driver error raised while its pool ends, an
       globalThis.removeEventListener("unhandledrejection", listener);
     }
     assertEquals(preventedBefore, false);
+  });
+});
+
+/**
+ * A one-connection proxy to `port`: it passes the startup through, drops the connection when
+ * the driver sends its array-type query, and listens no more, so the reconnect is refused.
+ */
+function dropAtTypeFetch(port: number): { port: number; done: Promise<void> } {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const pump = async (from: Deno.Conn, to: Deno.Conn, stopAt?: string) => {
+    const buffer = new Uint8Array(64 * 1024);
+    try {
+      for (;;) {
+        const n = await from.read(buffer);
+        if (n === null) return;
+        const chunk = buffer.subarray(0, n);
+        if (stopAt && new TextDecoder().decode(chunk).includes(stopAt)) return;
+        for (let sent = 0; sent < n;) sent += await to.write(chunk.subarray(sent));
+      }
+    } catch {
+      // the other side is closed
+    }
+  };
+  const done = (async () => {
+    const client = await listener.accept();
+    listener.close();
+    const server = await Deno.connect({ hostname: "127.0.0.1", port });
+    const up = pump(client, server, "pg_catalog.pg_type");
+    const down = pump(server, client);
+    await Promise.race([up, down]);
+    client.close();
+    server.close();
+    await Promise.all([up, down]);
+  })();
+  return { port: (listener.addr as Deno.NetAddr).port, done };
+}
+
+Deno.test("a connection lost while the driver fetches its types does not leave an unhandled rejection", async () => {
+  await withDatabase("guard_type_fetch", async (db) => {
+    const target = new URL(db.url);
+    const proxy = dropAtTypeFetch(Number(target.port));
+    const url = new URL(db.url);
+    url.hostname = "127.0.0.1";
+    url.port = String(proxy.port);
+    const sql = connect(url.href, { max: 1 });
+    const seen: { prevented: boolean; reason: unknown }[] = [];
+    const listener = (event: PromiseRejectionEvent) => {
+      seen.push({ prevented: event.defaultPrevented, reason: event.reason });
+      event.preventDefault();
+    };
+    globalThis.addEventListener("unhandledrejection", listener);
+    try {
+      // The query that opened the connection hears of the failure itself...
+      const error = await sql`select 1`.then(() => null, (e: unknown) => e);
+      assert(error instanceof Error, "the query fails: its connection was lost");
+      // ...and the driver's type fetch on that connection rejects with nobody waiting for it.
+      await waitFor(() => seen.length > 0, "the driver's unhandled type-fetch rejection");
+      assert(isTypeFetchError(seen[0].reason), String(seen[0].reason));
+      assertEquals(seen.map((s) => s.prevented), [true]);
+    } finally {
+      globalThis.removeEventListener("unhandledrejection", listener);
+      await sql.end({ timeout: 1 });
+      await proxy.done;
+    }
   });
 });

@@ -206,7 +206,7 @@ Deno.test("overlap: false skips a fire while the previous run is active, and rec
     await waitFor(
       async () => (await scheduler.runOnce()).skipped.length > 0,
       "a skipped fire",
-      5_000,
+      20_000,
     );
     const runs = await sql`select job_id from akadze.periodic_runs order by fire_at`;
     assert(runs.length >= 2);
@@ -215,7 +215,7 @@ Deno.test("overlap: false skips a fire while the previous run is active, and rec
     assertEquals(n, 1);
     // Once the run finished, the next fire enqueues again.
     await sql`update akadze.jobs set state = 'succeeded', finished_at = now()`;
-    await waitFor(async () => (await scheduler.runOnce()).fired.length > 0, "a new fire", 5_000);
+    await waitFor(async () => (await scheduler.runOnce()).fired.length > 0, "a new fire", 20_000);
   });
 });
 

@@ -36,13 +36,17 @@ async function freezeDuringRun(
   const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
   let pids: number[] = [];
   let held: HeldLocks | undefined;
+  // Closed in finally too, so a failure does not leave the worker's pool reconnecting after
+  // the server is gone.
+  let app: Akadze | undefined;
+  let worker: Worker | undefined;
   try {
     await admin`create database frozen_test`;
     const url = pg.url.replace(/\/postgres$/, "/frozen_test");
     await migrate(url);
     const [{ dir }] = await admin`select current_setting('data_directory') as dir`;
     const postmaster = Number((await Deno.readTextFile(`${dir}/postmaster.pid`)).split("\n")[0]);
-    const app = new Akadze({ databaseUrl: url, max: 3 });
+    app = new Akadze({ databaseUrl: url, max: 3 });
     let started = false;
     app.task("hold", (_args, ctx) =>
       new Promise((resolve) => {
@@ -56,7 +60,7 @@ async function freezeDuringRun(
         (tx) => tx`lock table akadze.limit_starts in access exclusive mode`,
       );
     }
-    const worker = new Worker(app, {
+    worker = new Worker(app, {
       heartbeatInterval: 200,
       heartbeatTtl: 1_500,
       pollInterval: 100,
@@ -79,10 +83,14 @@ async function freezeDuringRun(
     pids = [];
     await held?.release();
     held = undefined;
-    await app.close();
+    const closing = app.close();
+    app = undefined;
+    await closing;
     return { code: result.code, reason: result.reason, took };
   } finally {
     await signalServer(pids, "SIGCONT");
+    worker?.stop();
+    await app?.close();
     await held?.release();
     await admin.end({ timeout: 1 });
     await pg.stop();

@@ -1,7 +1,7 @@
 import { Worker } from "../src/worker/worker.ts";
 import { drain } from "../src/testing.ts";
 import { assertEquals } from "./assert.ts";
-import { withApp } from "./_helpers.ts";
+import { waitFor, withApp } from "./_helpers.ts";
 
 Deno.test("smoke: a worker runs jobs", async () => {
   await withApp("smoke", async (app, sql) => {
@@ -19,7 +19,7 @@ Deno.test("smoke: a worker runs jobs", async () => {
     const w = new Worker(app, { slots: 2, pollInterval: 100 });
     const run = w.run();
     await t.enqueue({ n: 4 });
-    await new Promise((r) => setTimeout(r, 500));
+    await waitFor(() => seen.length === 4, "the fourth job to run");
     w.stop();
     assertEquals((await run).code, 0);
     assertEquals(seen, [1, 2, 3, 4]);

@@ -228,13 +228,13 @@ Deno.test("requestCancel of a running job aborts its signal promptly; the job en
         });
       }));
     const id = await t.enqueue();
-    // Heartbeats every 10 s: the cancel must arrive through NOTIFY, well before that.
-    const w = startWorker(app, { heartbeatInterval: 10_000, heartbeatTtl: 30_000 });
+    // Heartbeats every 30 s: the cancel must arrive through NOTIFY, well before that.
+    const w = startWorker(app, { heartbeatInterval: 30_000, heartbeatTtl: 90_000 });
     await waitFor(() => started, "the run to start");
     const t0 = performance.now();
     assert(await app.sql.begin((tx) => requestCancel(tx, id)));
-    const row = await waitForJob(sql, id, (r) => r.state === "cancelled", "the cancel", 5_000);
-    assert(performance.now() - t0 < 5_000);
+    const row = await waitForJob(sql, id, (r) => r.state === "cancelled", "the cancel", 15_000);
+    assert(performance.now() - t0 < 15_000);
     await w.stop();
     assert(aborted);
     assertEquals([row.attempt, row.result, row.run_count], [0, null, 1]);
@@ -263,22 +263,28 @@ Deno.test("with notify: false a cancel reaches the running job at the next heart
 });
 
 Deno.test("NOTIFY wakes an idle worker: a job starts well under the poll interval", async () => {
-  await withApp("w_notify", async (app) => {
+  await withApp("w_notify", async (app, sql) => {
     let startedAt = 0;
     const t = app.task("t", () => {
       startedAt = performance.now();
     });
+    // Its next pass without a NOTIFY is at least 30 s away (the heartbeat interval).
     const w = startWorker(app, {
-      pollInterval: 20_000,
-      heartbeatInterval: 15_000,
-      heartbeatTtl: 60_000,
+      pollInterval: 60_000,
+      heartbeatInterval: 30_000,
+      heartbeatTtl: 120_000,
     });
-    await new Promise((r) => setTimeout(r, 500)); // let it go idle (LISTEN is set up first)
+    // Idle once its LISTEN is set up (the first pass's claim comes after it).
+    await waitFor(async () => {
+      const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+        where datname = current_database() and state = 'idle' and query ilike 'listen %'`;
+      return n > 0;
+    }, "the worker to listen");
     const enqueuedAt = performance.now();
     await t.enqueue();
-    await waitFor(() => startedAt, "the job to start", 8_000);
+    await waitFor(() => startedAt, "the job to start", 25_000);
     await w.stop();
-    assert(startedAt - enqueuedAt < 5_000, `latency ${startedAt - enqueuedAt} ms`);
+    assert(startedAt - enqueuedAt < 15_000, `latency ${startedAt - enqueuedAt} ms`);
   });
 });
 
@@ -457,7 +463,7 @@ Deno.test("completeTx rolls back on an error, a nested call, lost ownership and 
       // Lost ownership: the run_count moved on before the transition, so nothing commits.
       const lost = await t.enqueue({ tag: "lost" });
       const w = startWorker(app);
-      await waitFor(() => errors.lost, "the lost-ownership error", 10_000);
+      await waitFor(() => errors.lost, "the lost-ownership error", 30_000);
       await w.stop();
       assertMatch(errors.lost, /no longer owned by this run/);
       assertEquals((await sql`select * from public.writes where tag = 'lost'`).length, 0);
@@ -643,7 +649,7 @@ Deno.test("the worker keeps claiming while its prune waits on a lock, and prunes
     try {
       await waitForLockWait(sql, "a prune waiting on the lock", "delete from %periodic_runs%");
       for (let n = 0; n < 5; n++) await job.enqueue({ n });
-      await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 10_000);
+      await waitFor(() => done.length === 5, "the jobs to run while the prune waits", 30_000);
     } finally {
       await held.release();
     }

@@ -4,7 +4,9 @@
  * errors can surface as unhandled rejections, and once a killed connection's socket has
  * been let go, the runtime's socket code can reject on its own (`read ECONNRESET`, with no
  * frame outside the runtime). The worker treats those like any transient database error
- * instead of dying.
+ * instead of dying. And the driver's own first statement on each new connection (it fetches
+ * the array types) is awaited by nobody: when that connection is lost meanwhile, its error is
+ * an unhandled rejection, which every pool akadze makes absorbs ({@linkcode guardTypeFetch}).
  *
  * @module
  */
@@ -12,14 +14,44 @@
 /** Socket error codes a killed or reset connection produces. */
 const SOCKET_CODES = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "ETIMEDOUT"]);
 
+/** The statement postgres.js runs first on each new connection, to learn the array types. */
+const TYPE_FETCH = /^\s*select b\.oid, b\.typarray\s+from pg_catalog\.pg_type a\b/;
+
 /**
- * Whether an uncaught error comes from inside the postgres.js driver's connection code, or
- * is a stray socket error ({@linkcode isStraySocketError}).
+ * Whether an uncaught error comes from inside the postgres.js driver's connection code, is
+ * a stray socket error ({@linkcode isStraySocketError}) or the driver's failed type fetch
+ * ({@linkcode isTypeFetchError}).
  */
 export function isDriverError(error: unknown): boolean {
   if (!(error instanceof Error)) return false;
   return /postgres[\\/]src[\\/](connection|index|query)\.js/.test(error.stack ?? "") ||
-    isStraySocketError(error);
+    isStraySocketError(error) || isTypeFetchError(error);
+}
+
+/**
+ * Whether an error failed the driver's own array-type query, which nobody awaits: a new
+ * connection lost while it ran (a database restarting, say). The query that asked for the
+ * connection fails with the same error, so its caller still hears of it.
+ */
+export function isTypeFetchError(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
+  const query = (error as { query?: unknown }).query;
+  return typeof query === "string" && TYPE_FETCH.test(query);
+}
+
+let typeFetchGuarded = false;
+
+/**
+ * Absorb, for the rest of the process, the unhandled rejection of a failed driver type fetch
+ * ({@linkcode isTypeFetchError}), which would otherwise end it. Installed once, by every pool
+ * akadze makes or adopts; other rejections are left alone.
+ */
+export function guardTypeFetch(): void {
+  if (typeFetchGuarded) return;
+  typeFetchGuarded = true;
+  globalThis.addEventListener("unhandledrejection", (event: PromiseRejectionEvent) => {
+    if (isTypeFetchError(event.reason)) event.preventDefault();
+  });
 }
 
 /**
