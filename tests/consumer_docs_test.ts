@@ -18,7 +18,8 @@
 //   database of the test server instead, and a `deno run --allow-net=<host>,...` names that
 //   database's host instead of the first (the doc's database), the rest as written; an
 //   example URL of `akadze dev` (`.../akadze_dev`) is the URL the running `akadze dev`
-//   printed;
+//   printed; a `--allow-read=<paths>` also allows this checkout, which `links` puts in place
+//   of the package (a package from JSR needs no read permission);
 // - `deno add` leaves out `jsr:@akadze/akadze`: the project already imports it (and links it
 //   here); the rest of the line runs as written;
 // - `deno install -g -n akadze <flags> jsr:@akadze/akadze/cli` installs this checkout's
@@ -283,11 +284,13 @@ async function invocation(
     }
     const cli = args.findIndex((a) => a === INSTALL_SPEC);
     const db = new URL(shell.database.url).host;
-    args = args.map((a, i) =>
-      (cli < 0 || i < cli) && a.startsWith("--allow-net=")
-        ? [`--allow-net=${db}`, ...a.split(",").slice(1)].join(",")
-        : a
-    );
+    args = args.map((a, i) => {
+      if (cli >= 0 && i > cli) return a;
+      if (a.startsWith("--allow-net=")) {
+        return [`--allow-net=${db}`, ...a.split(",").slice(1)].join(",");
+      }
+      return a.startsWith("--allow-read=") ? `${a},${ROOT}` : a;
+    });
     return { cmd: Deno.execPath(), args, sub: cli >= 0 ? args[cli + 1] : undefined };
   }
   if (words[0] === "akadze") {
@@ -513,9 +516,26 @@ const PAGES: Page[] = [
       "sudo systemctl enable --now akadze-worker": "systemd on a production host",
       "deno run --allow-read=/run/akadze jsr:@akadze/akadze/cli health \\":
         "the heartbeat files of a production host's workers",
+      "CREATE ROLE akadze_owner LOGIN;": "run by tests/roles_test.ts with per-run role names",
+      "-- Enqueue only (web processes): insert jobs, read back the columns the insert returns and its":
+        "run by tests/roles_test.ts with per-run role names",
     },
   },
   { file: "docs/celery.md", start: "after getting started", ignored: {} },
+  {
+    file: "docs/sql-and-drivers.md",
+    start: "after getting started",
+    ignored: {
+      "akadze.enqueue(": "the functions' signature, not a statement",
+      "-- 3. From a client: a savepoint around the call.":
+        "a client's steps: ROLLBACK TO runs after an AKDUP error, which stops a psql script " +
+        "(tests/sql_enqueue_test.ts runs them)",
+      "// deno-postgres (jsr:@db/postgres)":
+        "needs deno-postgres, Kysely and Drizzle, and a transaction of each",
+      "GRANT USAGE ON SCHEMA akadze TO app_writer;":
+        "app_writer is the user's own role (tests/sql_enqueue_test.ts grants this to one)",
+    },
+  },
   {
     file: "docs/reliability.md",
     start: "after getting started",
