@@ -162,9 +162,10 @@ export async function withApp(
   });
 }
 
-/** Count the jobs in the default schema. */
-export async function countJobs(sql: Sql): Promise<number> {
-  const [{ n }] = await sql`select count(*)::int as n from akadze.jobs`;
+/** Count the jobs in the default schema (in `state` only, when given). */
+export async function countJobs(sql: Sql, state?: string): Promise<number> {
+  const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+    where ${state === undefined ? sql`true` : sql`state = ${state}`}`;
   return n;
 }
 

@@ -5,7 +5,7 @@ import type { LogRecord } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { startWorker, waitFor, withDatabase, within, withLogs } from "./_helpers.ts";
+import { countJobs, startWorker, waitFor, withDatabase, within, withLogs } from "./_helpers.ts";
 import { Listener } from "../src/worker/listener.ts";
 import { pgbouncerBinary, startPgBouncer, type ThrowawayPgBouncer } from "./_pgbouncer.ts";
 
@@ -88,11 +88,7 @@ Deno.test({
           );
           for (let n = 0; n < 20; n++) await work.enqueue({ n });
           await waitFor(
-            async () => {
-              const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
-              where state = 'succeeded'`;
-              return n === 20;
-            },
+            async () => await countJobs(sql, "succeeded") === 20,
             "20 jobs to succeed by polling",
             30_000,
           );
