@@ -1,6 +1,7 @@
 // Shared by the test files: a fresh database per test, on the server `deno task test`
 // started (or AKADZE_DATABASE_URL's).
 import postgres from "postgres";
+import { configure, type LogRecord, reset } from "@logtape/logtape";
 import { Akadze, type AkadzeOptions } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
 import { Claimer } from "../src/worker/claimer.ts";
@@ -24,6 +25,30 @@ export async function withDatabase(
     await sql.end({ timeout: 1 });
     await db.close();
   }
+}
+
+/**
+ * Run `fn` with every akadze log record (debug and up) collected in `records`, as they come;
+ * the logging configuration is reset afterwards. Returns the records.
+ */
+export async function withLogs(
+  fn: (records: LogRecord[]) => Promise<void>,
+): Promise<LogRecord[]> {
+  const records: LogRecord[] = [];
+  await configure({
+    reset: true,
+    sinks: { memory: (record: LogRecord) => records.push(record) },
+    loggers: [
+      { category: ["akadze"], lowestLevel: "debug", sinks: ["memory"] },
+      { category: ["logtape", "meta"], lowestLevel: "warning", sinks: [] },
+    ],
+  });
+  try {
+    await fn(records);
+  } finally {
+    await reset();
+  }
+  return records;
 }
 
 /** Run the CLI in a subprocess and collect its output. */
@@ -137,9 +162,10 @@ export async function withApp(
   });
 }
 
-/** Count the jobs in the default schema. */
-export async function countJobs(sql: Sql): Promise<number> {
-  const [{ n }] = await sql`select count(*)::int as n from akadze.jobs`;
+/** Count the jobs in the default schema (in `state` only, when given). */
+export async function countJobs(sql: Sql, state?: string): Promise<number> {
+  const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+    where ${state === undefined ? sql`true` : sql`state = ${state}`}`;
   return n;
 }
 

@@ -8,7 +8,7 @@ import { migrate } from "../src/migrate.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { assert, assertEquals, assertThrows } from "./assert.ts";
 import { AkadzeError } from "../src/errors.ts";
-import { passthroughEnv, startWorker, waitFor, withDatabase } from "./_helpers.ts";
+import { countJobs, passthroughEnv, startWorker, waitFor, withDatabase } from "./_helpers.ts";
 import {
   APP_MODULE,
   SLOW,
@@ -147,11 +147,7 @@ Deno.test("a LISTEN the server refuses (too many connections) leaves the worker 
         );
         for (let i = 0; i < 5; i++) await work.enqueue({});
         await waitFor(
-          async () => {
-            const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
-            where state = 'succeeded'`;
-            return n === 5;
-          },
+          async () => await countJobs(sql, "succeeded") === 5,
           "5 jobs to succeed by polling",
           30_000,
         );

@@ -3,9 +3,11 @@
 // this checkout, so jsr.io is not contacted). In a copy of it:
 // - the code blocks of README.md and the docs pages (PAGES) run as written, in order: a
 //   ```ts block that the text saves as a file ("Save this as `app.ts`") is written there,
-//   and every line of a ```sh block runs. ```sh ignore and ```ts ignore blocks do not run
-//   (PAGES says why); a ```ts block that is not saved is a fragment and must have a
-//   `<!-- prelude: ... -->` (tests/docs_test.ts type-checks it, it does not run). README.md
+//   every line of a ```sh block runs, and a ```sql block runs through
+//   `psql "$AKADZE_DATABASE_URL" -v ON_ERROR_STOP=1` against the page's database. Ignored
+//   blocks (```sh ignore, ```ts ignore, ```sql ignore) do not run (PAGES says why); a
+//   ```ts block that is not saved is a fragment and must have a `<!-- prelude: ... -->`
+//   (tests/docs_test.ts type-checks it, it does not run). README.md
 //   and docs/getting-started.md start from the bare project, the other pages where getting
 //   started leaves a user: its app.ts saved, AKADZE_DATABASE_URL exported and migrated;
 // - `deno test -A` runs the project's own test file (tests/consumer/reminders_test.ts),
@@ -13,9 +15,11 @@
 //
 // The shell lines run as written except for these rewrites (see invocation and runLine):
 // - `AKADZE_DATABASE_URL=<example>` (exported or in front of a command) is the page's fresh
-//   database of the test server instead, and a `deno run --allow-net=<host>` names that
-//   database's host; an example URL of `akadze dev` (`.../akadze_dev`) is the URL the
-//   running `akadze dev` printed;
+//   database of the test server instead, and a `deno run --allow-net=<host>,...` names that
+//   database's host instead of the first (the doc's database), the rest as written; an
+//   example URL of `akadze dev` (`.../akadze_dev`) is the URL the running `akadze dev`
+//   printed; a `--allow-read=<paths>` also allows this checkout, which `links` puts in place
+//   of the package (a package from JSR needs no read permission);
 // - `deno add` leaves out `jsr:@akadze/akadze`: the project already imports it (and links it
 //   here); the rest of the line runs as written;
 // - `deno install -g -n akadze <flags> jsr:@akadze/akadze/cli` installs this checkout's
@@ -26,6 +30,10 @@
 //   later command naming its output (`./worker ...`) runs the entry module with `deno run`,
 //   the compile's flags, `--allow-net=<the test database's host>` instead of the doc's host,
 //   and `--batch`;
+// - `<command> > <file>` writes the command's output to that file of the project, as a
+//   shell would (its directory must exist: `mkdir` runs as written);
+// - `curl -s <url>` right after a worker with `--metrics-port` runs meanwhile (a second
+//   shell) once the worker has started, as a GET that must answer 200;
 // - a `worker` or `dev` command without `--batch` or `--max-jobs` runs until its work is done
 //   (see runLine), then gets SIGTERM and must exit 0, as after a Ctrl-C. When the page's next
 //   command uses the URL `akadze dev` prints, it runs meanwhile (a second shell) once the dev
@@ -34,7 +42,7 @@
 import postgres from "postgres";
 import { assert, assertEquals } from "./assert.ts";
 import { extractBlocks } from "./_markdown.ts";
-import { waitFor } from "./_helpers.ts";
+import { psql, waitFor } from "./_helpers.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
 import { migrate } from "../mod.ts";
 import { installAkadze, type InstalledAkadze, installedPath } from "./_install.ts";
@@ -113,10 +121,12 @@ function shellCommands(code: string, where: string): string[][] {
     .map((line) => line.replace(/(^|\s)#.*$/, "").trim())
     .filter(Boolean)
     .map((line) => {
-      // Quotes, variables, pipes and redirections would need a shell; the docs' commands
-      // are plain words.
-      assert(!/["'`$|;&<>()]/.test(line), `${where}: not a plain command: ${line}`);
-      return line.split(/\s+/);
+      // Quotes, variables, pipes and redirections (but one `> file` at the end) would need
+      // a shell; the docs' commands are plain words.
+      const words = line.split(/\s+/);
+      const plain = words.at(-2) === ">" ? words.slice(0, -2) : words;
+      assert(!/["'`$|;&<>()]/.test(plain.join(" ")), `${where}: not a plain command: ${line}`);
+      return words;
     });
 }
 
@@ -274,9 +284,13 @@ async function invocation(
     }
     const cli = args.findIndex((a) => a === INSTALL_SPEC);
     const db = new URL(shell.database.url).host;
-    args = args.map((a, i) =>
-      (cli < 0 || i < cli) && a.startsWith("--allow-net=") ? `--allow-net=${db}` : a
-    );
+    args = args.map((a, i) => {
+      if (cli >= 0 && i > cli) return a;
+      if (a.startsWith("--allow-net=")) {
+        return [`--allow-net=${db}`, ...a.split(",").slice(1)].join(",");
+      }
+      return a.startsWith("--allow-read=") ? `${a},${ROOT}` : a;
+    });
     return { cmd: Deno.execPath(), args, sub: cli >= 0 ? args[cli + 1] : undefined };
   }
   if (words[0] === "akadze") {
@@ -290,6 +304,7 @@ async function invocation(
     }
     return { cmd: shell.akadze.path, args, sub: args[0] };
   }
+  if (words[0] === "mkdir") return { cmd: "mkdir", args: words.slice(1) };
   const binary = binaryOf(shell, words[0]);
   if (binary) {
     return { cmd: Deno.execPath(), args: [...binary.args, ...words.slice(1), "--batch"] };
@@ -370,22 +385,26 @@ function assertSucceeded(out: Output, where: string, line: string[]): void {
  */
 async function runLine(
   shell: Shell,
-  line: string[],
+  words: string[],
   where: string,
   next?: { line: string[]; where: string },
 ): Promise<boolean> {
-  if (line[0] === "export") {
-    assignments(shell, line.slice(1), shell.env);
+  if (words[0] === "export") {
+    assignments(shell, words.slice(1), shell.env);
     return false;
   }
+  const output = words.at(-2) === ">" ? words.at(-1) : undefined;
+  const line = output ? words.slice(0, -2) : words;
   const prepared = await prepare(shell, line, where);
   if (!prepared) return false;
   const { run, env, command } = prepared;
   const longRunning = (run.sub === "worker" || run.sub === "dev") &&
     !run.args.includes("--batch") && !run.args.includes("--max-jobs");
+  assert(!output || !longRunning, `${where}: a long-running command's output goes to the log`);
   if (!longRunning) {
     const out = await runToEnd(command);
     assertSucceeded(out, where, line);
+    if (output) await Deno.writeTextFile(`${shell.cwd}/${output}`, out.stdout);
     if (run.sub === "compile") {
       assert(run.args.includes("-o"), `${where}: name the binary with -o`);
       shell.binaries.set(run.args[run.args.indexOf("-o") + 1], compiled(shell, out, where));
@@ -404,6 +423,10 @@ async function runLine(
       const url = env.AKADZE_DATABASE_URL;
       if (await jobCount(url) > 0) await until(untilJobsDone(url, `${where}: every job to run`));
       else await logged(STARTED);
+      if (next?.line[0] === "curl" && run.args.includes("--metrics-port")) {
+        await until(scrape(next.line, next.where));
+        ranNext = true;
+      }
     } else if (next?.line.some((w) => DEV_URL.test(w.replace(/^AKADZE_DATABASE_URL=/, "")))) {
       // The page's next command runs in a second shell against the printed URL, once the
       // dev worker runs (the URL is printed before the schema is migrated).
@@ -426,6 +449,27 @@ async function runLine(
   }
   assertSucceeded(out, where, line);
   return ranNext;
+}
+
+/** `curl -s <url>` of a worker's metrics: until it answers, then it must answer 200. */
+async function scrape(line: string[], where: string): Promise<void> {
+  assertEquals(line.slice(0, 2), ["curl", "-s"], `${where}: curl -s <url>`);
+  assertEquals(line.length, 3, `${where}: curl -s <url>`);
+  const response = await waitFor(
+    () => fetch(line[2]).catch((): undefined => undefined),
+    `${where}: ${line[2]} to answer`,
+    LONG_RUNNING_MS,
+  );
+  assert(response, `${where}: ${line[2]} did not answer`);
+  const body = await response.text();
+  assertEquals(response.status, 200, `${where}: ${line.join(" ")}:\n${body}`);
+}
+
+/** A ```sql block, run by psql against the page's database; it stops at its first error. */
+async function runSql(shell: Shell, code: string, where: string): Promise<void> {
+  const url = shell.env.AKADZE_DATABASE_URL;
+  assert(url, `${where}: SQL before the page exports AKADZE_DATABASE_URL`);
+  assertSucceeded(await psql(url, `${code}\n`), where, ["psql", "-v", "ON_ERROR_STOP=1"]);
 }
 
 /** A page whose samples run, and why each of its ignored blocks cannot run here. */
@@ -472,9 +516,26 @@ const PAGES: Page[] = [
       "sudo systemctl enable --now akadze-worker": "systemd on a production host",
       "deno run --allow-read=/run/akadze jsr:@akadze/akadze/cli health \\":
         "the heartbeat files of a production host's workers",
+      "CREATE ROLE akadze_owner LOGIN;": "run by tests/roles_test.ts with per-run role names",
+      "-- Enqueue only (web processes): insert jobs, read back the columns the insert returns and its":
+        "run by tests/roles_test.ts with per-run role names",
     },
   },
   { file: "docs/celery.md", start: "after getting started", ignored: {} },
+  {
+    file: "docs/sql-and-drivers.md",
+    start: "after getting started",
+    ignored: {
+      "akadze.enqueue(": "the functions' signature, not a statement",
+      "-- 3. From a client: a savepoint around the call.":
+        "a client's steps: ROLLBACK TO runs after an AKDUP error, which stops a psql script " +
+        "(tests/sql_enqueue_test.ts runs them)",
+      "// deno-postgres (jsr:@db/postgres)":
+        "needs deno-postgres, Kysely and Drizzle, and a transaction of each",
+      "GRANT USAGE ON SCHEMA akadze TO app_writer;":
+        "app_writer is the user's own role (tests/sql_enqueue_test.ts grants this to one)",
+    },
+  },
   {
     file: "docs/reliability.md",
     start: "after getting started",
@@ -486,6 +547,9 @@ const PAGES: Page[] = [
     },
   },
 ];
+
+/** The languages of the blocks that run (or say in PAGES why not). */
+const RUN = ["ts", "sh", "sql"];
 
 /** The state docs/getting-started.md leaves a user in (see Page.start). */
 async function afterGettingStarted(shell: Shell): Promise<void> {
@@ -518,11 +582,15 @@ async function runPage(page: Page): Promise<Shell> {
     saved: new Map(),
   };
   // The page's steps in order: a ts file to save, or a command.
-  const steps: ({ save: string; code: string } | { line: string[]; where: string })[] = [];
+  const steps: (
+    | { save: string; code: string }
+    | { sql: string; where: string }
+    | { line: string[]; where: string }
+  )[] = [];
   const ignored = new Set<string>();
   for (const block of blocks) {
     const where = `${file}:${block.line}`;
-    if (block.lang !== "ts" && block.lang !== "sh") continue;
+    if (!RUN.includes(block.lang)) continue;
     if (block.ignored) {
       const first = block.code.split("\n")[0].replace(/(^|\s)#.*$/, "").trim();
       assert(page.ignored[first], `${where}: say in PAGES why this block cannot run`);
@@ -532,6 +600,8 @@ async function runPage(page: Page): Promise<Shell> {
       assert(block.prelude, `${where}: say where to save this sample, or give it a prelude`);
     } else if (block.lang === "ts") {
       steps.push({ save: block.saveAs!, code: block.code });
+    } else if (block.lang === "sql") {
+      steps.push({ sql: block.code, where });
     } else {
       for (const line of shellCommands(block.code, where)) steps.push({ line, where });
     }
@@ -546,6 +616,10 @@ async function runPage(page: Page): Promise<Shell> {
       if ("save" in step) {
         await Deno.writeTextFile(`${cwd}/${step.save}`, `${step.code}\n`);
         shell.saved.set(step.save, step.code);
+        continue;
+      }
+      if ("sql" in step) {
+        await runSql(shell, step.sql, step.where);
         continue;
       }
       const next = steps[i + 1];
@@ -593,7 +667,7 @@ Deno.test("every page of docs/ with code blocks is in PAGES", async () => {
     const file = `docs/${entry.name}`;
     if (!entry.name.endsWith(".md")) continue;
     const blocks = extractBlocks(file, await Deno.readTextFile(`${ROOT}${file}`));
-    if (blocks.some((b) => b.lang === "ts" || b.lang === "sh")) page(file);
+    if (blocks.some((b) => RUN.includes(b.lang))) page(file);
   }
 });
 

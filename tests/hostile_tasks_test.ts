@@ -1,7 +1,6 @@
 // Tasks that throw, return or ask for odd things: whatever a handler does, the worker
 // survives, the job ends in a truthful state within its attempts (never an endless loop),
 // and no argument value or password reaches a stored error, `jobs show` or a log line.
-import { configure, type LogRecord, reset } from "@logtape/logtape";
 import * as v from "valibot";
 import { Akadze } from "../src/app.ts";
 import { Cancel, Fail, Retry, Snooze } from "../src/errors.ts";
@@ -11,7 +10,7 @@ import { errorEntry } from "../src/worker/error_entry.ts";
 import { drain } from "../src/testing.ts";
 import { describeError, type Sql } from "../src/db.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { runCli, startWorker, waitForJob, withApp, withDatabase } from "./_helpers.ts";
+import { runCli, startWorker, waitForJob, withApp, withDatabase, withLogs } from "./_helpers.ts";
 
 type Entry = { error: string; message: string; at: string };
 type Row = Record<string, unknown> & { errors: Entry[] };
@@ -355,17 +354,8 @@ const DERIVED = CARD.replaceAll("-", "");
 const SECRETS = [CARD, OTHER_CARD, PASSWORD, DERIVED];
 
 Deno.test("argument values and the password never reach a stored error, jobs show or a log line", async () => {
-  const records: LogRecord[] = [];
-  await configure({
-    reset: true,
-    sinks: { memory: (record: LogRecord) => records.push(record) },
-    loggers: [
-      { category: ["akadze"], lowestLevel: "debug", sinks: ["memory"] },
-      { category: ["logtape", "meta"], lowestLevel: "warning", sinks: [] },
-    ],
-  });
-  try {
-    await withDatabase("hostile_secrets", async (db, sql) => {
+  const records = await withLogs(() =>
+    withDatabase("hostile_secrets", async (db, sql) => {
       // Trust authentication ignores the password; the app still knows it and must hide it.
       const url = new URL(db.url);
       url.password = PASSWORD;
@@ -375,10 +365,8 @@ Deno.test("argument values and the password never reach a stored error, jobs sho
       } finally {
         await app.close();
       }
-    });
-  } finally {
-    await reset();
-  }
+    })
+  );
   const logged = records.map((r) => JSON.stringify([r.message, r.properties], safeJson));
   assert(logged.length > 0);
   for (const line of logged) {

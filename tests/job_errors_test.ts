@@ -1,10 +1,10 @@
 // Why a job failed, as an operator sees it: the stored error with its stack, the
 // job_retrying / job_failed log records, and `jobs show`.
-import { configure, type LogRecord, reset } from "@logtape/logtape";
+import type { LogRecord } from "@logtape/logtape";
 import { drain } from "../src/testing.ts";
 import { errorEntry, STACK_FRAMES_MAX, STACK_MAX } from "../src/worker/error_entry.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { runCli, withApp, withDatabase } from "./_helpers.ts";
+import { runCli, withApp, withDatabase, withLogs } from "./_helpers.ts";
 
 const CARD = "4111-CARD-0000-1234";
 
@@ -13,24 +13,6 @@ type StoredError = { error: string; message: string; at: string; stack?: string 
 /** Throws from a named function, quoting its argument (which must not be stored). */
 function chargeCard(card: string): never {
   throw new TypeError(`card ${card} was declined`);
-}
-
-/** Run `fn` with every akadze log record collected in `records`. */
-async function withLogs(fn: (records: LogRecord[]) => Promise<void>): Promise<void> {
-  const records: LogRecord[] = [];
-  await configure({
-    reset: true,
-    sinks: { memory: (record: LogRecord) => records.push(record) },
-    loggers: [
-      { category: ["akadze"], lowestLevel: "debug", sinks: ["memory"] },
-      { category: ["logtape", "meta"], lowestLevel: "warning", sinks: [] },
-    ],
-  });
-  try {
-    await fn(records);
-  } finally {
-    await reset();
-  }
 }
 
 /** A record's message as the text formatter renders it (strings bare). */

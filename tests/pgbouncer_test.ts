@@ -1,31 +1,15 @@
 // Workers behind a real PgBouncer in transaction mode: queries through the pooler with
 // prepare: false, the LISTEN connection direct (listenUrl), and a worker told once that
 // notifications cannot reach it when it listens through the pooler.
-import { configure, type LogRecord, reset } from "@logtape/logtape";
+import type { LogRecord } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { startWorker, waitFor, withDatabase, within } from "./_helpers.ts";
+import { countJobs, startWorker, waitFor, withDatabase, within, withLogs } from "./_helpers.ts";
 import { Listener } from "../src/worker/listener.ts";
 import { pgbouncerBinary, startPgBouncer, type ThrowawayPgBouncer } from "./_pgbouncer.ts";
 
 const ignore = pgbouncerBinary() === undefined;
-
-async function withLogs(fn: (records: LogRecord[]) => Promise<void>): Promise<void> {
-  const records: LogRecord[] = [];
-  await configure({
-    sinks: { memory: (record: LogRecord) => records.push(record) },
-    loggers: [
-      { category: ["akadze"], lowestLevel: "debug", sinks: ["memory"] },
-      { category: ["logtape", "meta"], lowestLevel: "error", sinks: [] },
-    ],
-  });
-  try {
-    await fn(records);
-  } finally {
-    await reset();
-  }
-}
 
 async function withPgBouncer(
   name: string,
@@ -104,11 +88,7 @@ Deno.test({
           );
           for (let n = 0; n < 20; n++) await work.enqueue({ n });
           await waitFor(
-            async () => {
-              const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
-              where state = 'succeeded'`;
-              return n === 20;
-            },
+            async () => await countJobs(sql, "succeeded") === 20,
             "20 jobs to succeed by polling",
             30_000,
           );

@@ -5,7 +5,7 @@ import { parseWorkerCommandLine } from "../src/cli/worker_flags.ts";
 import { UsageError } from "../src/cli/common.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertMatch, assertThrows } from "./assert.ts";
-import { startWorker, waitFor, waitForJob, withApp, withDatabase } from "./_helpers.ts";
+import { countJobs, startWorker, waitFor, waitForJob, withApp, withDatabase } from "./_helpers.ts";
 import {
   APP_MODULE,
   SLOW,
@@ -226,11 +226,7 @@ Deno.test("--processes 2 --metrics-port P: worker process K serves its own metri
         const listening = await sup.waitForEvent("metrics_listening", undefined, 2, SLOW);
         assertEquals(listening.map((r) => r.port).sort(), [port, port + 1]);
         await sql`insert into akadze.jobs (task, args) values ('hello', '{"name":"x"}')`;
-        await waitFor(async () => {
-          const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
-                                     where state = 'succeeded'`;
-          return n === 1;
-        }, "the job to succeed");
+        await waitFor(async () => await countJobs(sql, "succeeded") === 1, "the job to succeed");
         const key =
           'akadze_worker_jobs_finished_total{task="hello",queue="default",outcome="succeeded"}';
         // The job ran in one of the two: the counts of both add up to one.

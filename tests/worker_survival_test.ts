@@ -1,12 +1,11 @@
 // Hostile tasks at the process level: a task's stray promise rejection or uncaught timer
 // error must not end the worker process nor print the task's arguments or the database
 // password, and jobs holding every pool connection must not cost the worker its lease.
-import { configure, type LogRecord as LogTapeRecord, reset } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";
 import { describeStray } from "../src/worker/process_guard.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { startWorker, waitFor, withDatabase } from "./_helpers.ts";
+import { startWorker, waitFor, withDatabase, withLogs } from "./_helpers.ts";
 import { MOD, SLOW, spawnCli } from "./_processes.ts";
 
 /** Short timings, so a lost lease shows within seconds; conditions are awaited generously. */
@@ -41,23 +40,6 @@ function withPassword(url: string): { url: string; password: string } {
   const password = parsed.password || `SurvivePw${crypto.randomUUID().slice(0, 8)}`;
   parsed.password = password;
   return { url: parsed.toString(), password };
-}
-
-/** Collect akadze's log records while `fn` runs. */
-async function withLogs(fn: (records: LogTapeRecord[]) => Promise<void>): Promise<void> {
-  const records: LogTapeRecord[] = [];
-  await configure({
-    sinks: { memory: (record: LogTapeRecord) => records.push(record) },
-    loggers: [
-      { category: ["akadze"], lowestLevel: "debug", sinks: ["memory"] },
-      { category: ["logtape", "meta"], lowestLevel: "error", sinks: [] },
-    ],
-  });
-  try {
-    await fn(records);
-  } finally {
-    await reset();
-  }
 }
 
 Deno.test("a stray error is described by its class and code only, never by text that could be a value", () => {

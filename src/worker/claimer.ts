@@ -322,6 +322,29 @@ function ready(queue: string): string {
     and (c.expires_at is null or c.expires_at > now())`;
 }
 
+/**
+ * The best `limit` ready jobs of queue `queue` whose task is in `tasks` and id not in
+ * `excluded`, with no limit key or one without a limits row, locked SKIP LOCKED (for a
+ * lateral join).
+ */
+function unlimitedReady(
+  s: string,
+  queue: string,
+  tasks: string,
+  excluded: string,
+  limit: string,
+): string {
+  return `select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
+     where ${ready(queue)}
+       and c.task = any(${tasks}::text[])
+       and c.id <> all(${excluded}::bigint[])
+       and (c.limit_key is null
+            or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
+     order by c.priority desc, c.run_at, c.id
+     limit ${limit}
+     for update of c skip locked`;
+}
+
 /** `unnest(queues, slots)` as `q(name, n, ord)` without the paused queues. */
 function openQueues(s: string, queues: string, slots: string): string {
   return `(select * from unnest(${queues}::text[], ${slots}::int[]) with ordinality as u(name, n, ord)
@@ -398,16 +421,7 @@ function claimStatement(s: string): string {
         select x.ctid, q.ord, q.n,
                row_number() over (partition by q.ord order by x.priority desc, x.run_at, x.id) as rn
           from ${openQueues(s, "$1", "$2")}
-          cross join lateral (
-            select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
-             where ${ready("q.name")}
-               and c.task = any($3::text[])
-               and c.id <> all($6::bigint[])
-               and (c.limit_key is null
-                    or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
-             order by c.priority desc, c.run_at, c.id
-             limit $8
-             for update of c skip locked) x
+          cross join lateral (${unlimitedReady(s, "q.name", "$3", "$6", "$8")}) x
       ) r
       where r.rn <= r.n
       order by r.rn, (r.ord + $5) % cardinality($1::text[])
@@ -514,16 +528,8 @@ function limitedClaimStatement(s: string): string {
          for update of c skip locked) x
     ),
     unkeyed as (
-      select x.ctid, x.id, oq.name as queue, x.priority, x.run_at from oq cross join lateral (
-        select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
-         where ${ready("oq.name")}
-           and c.task = any($4::text[])
-           and c.id <> all($7::bigint[])
-           and (c.limit_key is null
-                or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
-         order by c.priority desc, c.run_at, c.id
-         limit $9
-         for update of c skip locked) x
+      select x.ctid, x.id, oq.name as queue, x.priority, x.run_at
+        from oq cross join lateral (${unlimitedReady(s, "oq.name", "$4", "$7", "$9")}) x
     ),
     candidates as (
       select r.ctid from (
