@@ -65,6 +65,12 @@ BEGIN
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
   v_wanted := jsonb_array_length(args_list);
+  -- Each job after the first would find the key held by the first (enqueueMany refuses it too).
+  IF enqueue_many.unique_key IS NOT NULL AND v_wanted > 1 THEN
+    RAISE EXCEPTION 'the % jobs of this batch cannot share unique_key %: at most one job per key is queued or running; nothing of this batch was enqueued',
+        v_wanted, to_json(enqueue_many.unique_key)::text
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
   -- The statement of src/enqueue.ts's insertStatement, ON CONFLICT included: a held key
   -- inserts nothing, and no error aborts the caller's transaction unless raised below.
   RETURN QUERY
@@ -82,9 +88,8 @@ BEGIN
   SELECT ins.id FROM ins ORDER BY ins.id;
   GET DIAGNOSTICS v_inserted = ROW_COUNT;
   IF v_inserted < v_wanted AND v_on_duplicate = 'raise' THEN
-    RAISE EXCEPTION 'a job with unique_key % is already queued or running%',
-        to_json(enqueue_many.unique_key)::text,
-        CASE WHEN v_wanted > 1 THEN '; nothing of this batch was enqueued' ELSE '' END
+    RAISE EXCEPTION 'a job with unique_key % is already queued or running',
+        to_json(enqueue_many.unique_key)::text
       USING ERRCODE = 'AKDUP', CONSTRAINT = 'jobs_unique_key_idx',
             HINT = 'Catch SQLSTATE AKDUP in a savepoint, or pass on_duplicate => ''ignore''.';
   END IF;

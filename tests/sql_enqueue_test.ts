@@ -133,6 +133,9 @@ Deno.test("the SQL functions refuse what the TypeScript API refuses, nothing ins
       [`'"x"'`, "22023", /args_list must be a JSON array/],
       [`'[{}, 1]'`, "23514", /job_args/],
       [`'[{}]', on_duplicate => 'nope'`, "22023", /on_duplicate must be 'raise' or 'ignore'/],
+      // A batch cannot share a unique key (enqueueMany refuses it too), ignored or not.
+      [`'[{}, {}]', unique_key => 'u'`, "22023", /the 2 jobs of this batch cannot share/],
+      [`'[{}, {}]', unique_key => 'u', on_duplicate => 'ignore'`, "22023", /cannot share/],
     ];
     for (const [rest, code, message] of bulk) {
       const error = await assertRejects(
@@ -173,7 +176,7 @@ Deno.test("a held unique_key raises AKDUP: a savepoint keeps the psql script's t
        rollback to savepoint before_enqueue;
        select coalesce(akadze.enqueue('t', '{"n": 3}', unique_key => 'k',
                                       on_duplicate => 'ignore')::text, 'ignored');
-       select count(*) from akadze.enqueue_many('t', '[{"n": 4}, {"n": 5}]', unique_key => 'k',
+       select count(*) from akadze.enqueue_many('t', '[{"n": 4}]', unique_key => 'k',
                                                 on_duplicate => 'ignore');
        do $$
        begin
@@ -198,12 +201,17 @@ Deno.test("a held unique_key raises AKDUP: a savepoint keeps the psql script's t
     assertEquals(jobs.map((r) => r.args), [{ n: 1 }]);
     const notes = await sql`select t from public.notes order by t`;
     assertEquals(notes.map((r) => r.t), ["already queued", "still usable"]);
-    // A batch raises once one of its jobs finds the key held, and inserts none of them.
-    const error = await assertRejects(
-      () => sql`select * from akadze.enqueue_many('t', '[{}, {}]', unique_key => 'fresh')`,
+    // A batch of one whose key is held raises AKDUP too; a batch of several cannot share a key
+    // at all (it would collide with itself), even with a key nobody holds: nothing is inserted.
+    const held = await assertRejects(
+      () => sql`select * from akadze.enqueue_many('t', '[{}]', unique_key => 'k')`,
     ) as { code?: string; message: string; constraint_name?: string };
-    assertEquals([error.code, error.constraint_name], ["AKDUP", "jobs_unique_key_idx"]);
-    assertMatch(error.message, /"fresh" .*; nothing of this batch was enqueued/);
+    assertEquals([held.code, held.constraint_name], ["AKDUP", "jobs_unique_key_idx"]);
+    const shared = await assertRejects(
+      () => sql`select * from akadze.enqueue_many('t', '[{}, {}]', unique_key => 'fresh')`,
+    ) as { code?: string; message: string };
+    assertEquals(shared.code, "22023");
+    assertMatch(shared.message, /"fresh".*; nothing of this batch was enqueued/);
     // A finished job no longer holds its key.
     await sql`update akadze.jobs set state = 'succeeded', finished_at = now()`;
     const [{ id }] = await sql`select akadze.enqueue('t', unique_key => 'k') as id`;
