@@ -270,7 +270,8 @@ Deno.test("jobs list --since takes a duration back from now or an ISO 8601 time"
     assertEquals(await ids("--since", "2030-01-01T10:00:00+02:00"), [old]);
     assertEquals(await ids("--since", "2030-01-01T08:00:01Z"), []);
     assertEquals(await ids("--since", "2019-12-31"), [recent, older, old]);
-    for (const bad of ["15", "15 m", "1w", "-3d", "2030-13-01", "yesterday"]) {
+    // 999999999d is before the first date JavaScript can hold: a usage error too.
+    for (const bad of ["15", "15 m", "1w", "-3d", "2030-13-01", "yesterday", "999999999d"]) {
       assertOneLineError(
         await runCli(["jobs", "list", `--since=${bad}`], env),
         2,
@@ -383,6 +384,13 @@ Deno.test("an unknown option is a one-line akadze usage error pointing at --help
     [["migrate", "--bogus"], "error: unknown option --bogus (see akadze migrate --help)"],
     [["health", "--bogus"], "error: unknown option --bogus (see akadze health --help)"],
     [["worker", "app.ts", "--bogus"], "error: unknown option --bogus (see akadze worker --help)"],
+    // A short flag's value starting with "-": the advice names the long form (`-o=-x` would
+    // be the value "=-x").
+    [
+      ["compile", "app.ts", "-o", "-x"],
+      'error: -o needs a value; for one that starts with "-", write --output=VALUE ' +
+      "(see akadze compile --help)",
+    ],
   ];
   const outs = await runAll(cases.map(([args]) => args), {});
   for (const [i, [args, line]] of cases.entries()) {

@@ -26,13 +26,6 @@ const FORWARDED: readonly Deno.Signal[] = ["SIGINT", "SIGTERM", "SIGHUP", "SIGQU
 /** Runtime flags that name the config or the lock file: the child gets the app's instead. */
 const CONFIG_FLAGS_WITH_VALUE = ["--config", "-c", "--import-map"];
 const CONFIG_FLAGS = ["--no-config", "--lock", "--no-lock", "--frozen"];
-const SIGNAL_NUMBERS: Partial<Record<string, number>> = {
-  SIGHUP: 1,
-  SIGINT: 2,
-  SIGQUIT: 3,
-  SIGKILL: 9,
-  SIGTERM: 15,
-};
 
 /** The nearest deno.json or deno.jsonc in the directory of `file` or above it. */
 export async function findConfig(file: string): Promise<string | undefined> {
@@ -154,7 +147,7 @@ async function runChild(runtime: string, args: string[], config: string): Promis
   });
   try {
     const status = await child.status;
-    if (status.signal) return 128 + (SIGNAL_NUMBERS[status.signal] ?? 0);
+    // A child ended by a signal: Deno's code is already 128 + its number, as a shell's.
     return status.code;
   } finally {
     removeSignals();

@@ -63,7 +63,10 @@ function flagProblem(error: unknown): string {
       return `unknown option ${flag}`;
     case "ERR_PARSE_ARGS_INVALID_OPTION_VALUE":
       if (message.includes("ambiguous")) {
-        return `${flag} needs a value; for one that starts with "-", write ${flag}=VALUE`;
+        // Only the long form takes `=VALUE` (`-o=x` would be the value "=x"); the message
+        // names it in its own advice ("use '--output=-XYZ' or '-o-XYZ'").
+        return `${flag} needs a value; for one that starts with "-", write ` +
+          `${/'(--[\w-]+)=/.exec(message)?.[1] ?? flag}=VALUE`;
       }
       return message.includes("does not take") ? `${flag} takes no value` : `${flag} needs a value`;
     case "ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL":

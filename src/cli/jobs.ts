@@ -250,7 +250,10 @@ const UNIT_MS: Record<string, number> = { s: 1_000, m: 60_000, h: 3_600_000, d: 
  */
 function sinceFlag(text: string): Date {
   const duration = SINCE_DURATION.exec(text);
-  if (duration) return new Date(Date.now() - Number(duration[1]) * UNIT_MS[duration[2]]);
+  if (duration) {
+    const date = new Date(Date.now() - Number(duration[1]) * UNIT_MS[duration[2]]);
+    if (!Number.isNaN(date.getTime())) return date; // else: before the first representable date
+  }
   const time = SINCE_TIME.exec(text);
   if (time) {
     // A date alone is UTC midnight for Date too; a time without an offset would be local.
