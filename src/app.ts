@@ -386,10 +386,9 @@ export class Akadze {
    * ```
    */
   async close(): Promise<void> {
-    await closeLoopConnections(this.sql);
-    if (!this.#owned) return;
     // Connections an outage killed or froze (a worker that lost its lease, say) can still
     // raise the driver's uncaught errors while they end: log those, do not end the process.
+    // The workers' loop connections are the app's own, also on an adopted pool.
     const removeGuard = installDriverGuard((error) =>
       logger("app").warn("database driver error ignored while closing: {message}", {
         event: "db_error_transient",
@@ -397,6 +396,8 @@ export class Akadze {
       })
     );
     try {
+      await closeLoopConnections(this.sql);
+      if (!this.#owned) return;
       await this.sql.end({ timeout: 5 });
       // A write the driver scheduled before the end runs on a later turn.
       await new Promise((resolve) => setTimeout(resolve, 0));

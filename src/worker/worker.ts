@@ -300,10 +300,17 @@ export class Worker {
       // Its own instance of one connection: the LISTEN goes to listenUrl, nothing else does.
       const options = this.#app.sql.options as { connection?: { application_name?: unknown } };
       const name = options.connection?.application_name;
-      this.#listenSql = connect(this.#app.listenUrl, {
-        max: 1,
-        applicationName: typeof name === "string" ? name : undefined,
-      });
+      try {
+        this.#listenSql = connect(this.#app.listenUrl, {
+          max: 1,
+          applicationName: typeof name === "string" ? name : undefined,
+        });
+      } catch (error) {
+        // Nothing else has started but the metrics server: stop it, or it keeps the process.
+        await metricsServer?.shutdown();
+        this.#running = false;
+        throw error;
+      }
       this.#listener = this.#makeListener(this.#listenSql);
     }
     const onAbort = () => this.stop();
@@ -342,6 +349,7 @@ export class Worker {
     // the loop's end, alongside the release of the runs, then left to the pool's end.
     let pruned: Promise<void> | undefined;
     const loop = this.#loop();
+    let ended = false;
     try {
       exit = await Promise.race([loop, stalled]);
       clearInterval(watchdog);
@@ -351,6 +359,7 @@ export class Worker {
       } else {
         await this.#abandonRuns();
       }
+      ended = true;
     } finally {
       clearInterval(watchdog);
       this.#probeStop.abort();
@@ -365,14 +374,20 @@ export class Worker {
         this.#listenSql = null;
         this.#listener = this.#makeListener(this.#app.sql);
       }
-      removeGuard();
       this.#running = false;
+      // Thrown out of the loop: nothing below runs, so the guard goes now.
+      if (!ended) removeGuard();
     }
-    if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
-    // A loop left stuck in a statement (the watchdog) keeps its connection until that
-    // statement returns: cutting it could leave a claim committed that no one puts back.
-    if (this.#loopLeft) void loop.catch(() => {}).finally(() => this.#connection.close());
-    else await this.#connection.close();
+    try {
+      if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
+      // A loop left stuck in a statement (the watchdog) keeps its connection until that
+      // statement returns: cutting it could leave a claim committed that no one puts back.
+      if (this.#loopLeft) void loop.catch(() => {}).finally(() => this.#connection.close());
+      // Still guarded: ending a connection the server killed can raise the driver's errors.
+      else await this.#connection.close();
+    } finally {
+      removeGuard();
+    }
     const level = exit.code === 0 ? "info" : "error";
     this.#log[level](`worker {workerId} stopped: {reason}${exit.message ? ": {message}" : ""}`, {
       event: "worker_stopped",
