@@ -8,6 +8,7 @@ import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
 import { guardTypeFetch } from "./worker/driver_guard.ts";
+import { readEnv } from "./env.ts";
 
 /** A postgres.js instance (or a transaction of one), as akadze accepts it. */
 export type Sql = postgres.Sql;
@@ -99,14 +100,6 @@ function defaultUser(): string {
       "--allow-env=USER or --allow-sys=uid,gid,username): put the user in the URL " +
       "(postgres://USER@HOST/DATABASE) or set PGUSER",
   );
-}
-
-/** An environment variable when the process may read it (a read without leave throws). */
-function readEnv(name: string): string | undefined {
-  if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") {
-    return undefined;
-  }
-  return Deno.env.get(name) || undefined;
 }
 
 function osUser(): string | undefined {
