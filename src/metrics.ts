@@ -1,6 +1,7 @@
 /**
  * Prometheus text exposition of akadze's queue state: jobs per queue and state, queue
- * lag, paused queues, busy slots, live workers and limit usage. The library stays
+ * lag, paused queues, busy slots, live workers, limit usage, and what holds back the
+ * cleanup of the jobs table (see `docs/operating.md`). The library stays
  * HTTP-free: serve the text from your own endpoint.
  *
  * @example A metrics endpoint: save as `metrics.ts`, run with
@@ -23,6 +24,7 @@
  * @module
  */
 import { DEFAULT_SCHEMA, explainMissingSchema, quoteSchema, type Sql } from "./db.ts";
+import { horizonGauges, readHorizon } from "./horizon.ts";
 
 /** Options of {@linkcode renderMetrics}. */
 export interface RenderMetricsOptions {
@@ -35,7 +37,9 @@ const STATES = ["queued", "running", "succeeded", "failed", "cancelled"] as cons
 /**
  * Render the queue gauges as Prometheus text, read from one consistent snapshot: jobs per
  * queue and state, lag of the oldest ready job per queue, running jobs, live workers,
- * paused queues and limit usage. Never includes arguments, results or error texts.
+ * paused queues, limit usage, the oldest transactions holding back cleanup and the jobs
+ * table's dead rows. Never includes arguments, results, error texts, or other sessions'
+ * queries or users.
  *
  * @example
  * ```ts ignore
@@ -64,6 +68,7 @@ export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}
              (select count(*) from ${s}.limit_starts m
                where m.key = l.key and m.started_at > now() - l."window")::int as starts
         from ${s}.limits l order by l.key`),
+        horizon: await readHorizon(tx, { schema }),
       })),
   );
   const queues = new Set<string>();
@@ -126,6 +131,7 @@ export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}
     "maxStarts per window of each rate-limited key.",
     read.limits.filter((r) => r.max_starts !== null).map((r) => [{ key: r.key }, r.max_starts]),
   );
+  out.push(...horizonGauges(read.horizon));
   return out.join("\n") + "\n";
 }
 

@@ -505,7 +505,13 @@ const PAGES: Page[] = [
   {
     file: "docs/operating.md",
     start: "after getting started",
-    ignored: { "akadze jobs show 42": "job ids of a running system (`jobs list` shows them)" },
+    ignored: {
+      "akadze jobs show 42": "job ids of a running system (`jobs list` shows them)",
+      "-- 12345 is a pid, 'the-gid' a gid and 'the_slot' a slot name the queries above showed.":
+        "the sessions, prepared transactions and slots of a running system",
+      "ALTER ROLE reporting SET idle_in_transaction_session_timeout = '5min';":
+        "reporting is the user's own role",
+    },
   },
   {
     file: "docs/production.md",

@@ -1,5 +1,6 @@
 // `akadze health`: the heartbeat-file probe (fresh, stale, missing; one process and a
 // supervisor with its worker processes), and the database probe (lag and ready thresholds).
+import postgres from "postgres";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import { checkHeartbeatFiles } from "../src/cli/health.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
@@ -233,6 +234,42 @@ Deno.test("akadze health on the database: lag and ready thresholds per queue", a
       both.stderr,
       /queue default \(paused\): 2 ready jobs > 1; queue default \(paused\): oldest/,
     );
+  });
+});
+
+Deno.test("akadze health --max-transaction-age: unhealthy while a transaction holds back cleanup", async () => {
+  await withDatabase("health_transaction_age", async (db) => {
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const holder = postgres(db.url, { max: 1, onnotice: () => {} });
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => release = resolve);
+    let opened!: (pid: number) => void;
+    const pid = new Promise<number>((resolve) => opened = resolve);
+    const done = holder.begin("isolation level repeatable read", async (tx) => {
+      const [row] = await tx`select pg_backend_pid() as pid`;
+      opened(row.pid);
+      await released;
+    });
+    try {
+      const held = await health(["--max-transaction-age", "0"], env);
+      assertEquals(held.code, 1, held.stdout);
+      assertMatch(held.stderr, ONE_LINE);
+      assertMatch(
+        held.stderr,
+        new RegExp(
+          `^unhealthy: a transaction \\(server process ${await pid}\\) has been open for ` +
+            `\\d+\\.\\d s > 0 s and holds back the cleanup of old job rows, which slows ` +
+            `claims down: if it is not needed, end it with SELECT pg_terminate_backend\\(${await pid}\\)`,
+        ),
+      );
+    } finally {
+      release();
+      await done;
+      await holder.end({ timeout: 1 });
+    }
+    const ok = await health(["--max-transaction-age", "0"], env);
+    assertEquals(ok.code, 0, ok.stderr);
+    assertMatch(ok.stdout, /^ok: .* 0 ready jobs, oldest open transaction 0\.0 s\n$/);
   });
 });
 

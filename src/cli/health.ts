@@ -1,8 +1,9 @@
 /**
  * `akadze health`: a probe with an exit code. With `--heartbeat-file` it checks that the
  * worker's liveness files are fresh, without any database access (a liveness probe);
- * without it, it checks the database: reachable, schema migrated, and the lag and count
- * of ready jobs per queue under the given thresholds.
+ * without it, it checks the database: reachable, schema migrated, the lag and count of
+ * ready jobs per queue under the given thresholds, and optionally that no transaction has
+ * held back the cleanup of old rows for too long.
  *
  * @module
  */
@@ -16,6 +17,7 @@ import {
 } from "../db.ts";
 import { checkQueueName } from "../enqueue.ts";
 import { AkadzeError } from "../errors.ts";
+import { type Horizon, readHorizon } from "../horizon.ts";
 import { pendingVersions } from "../migrate.ts";
 import { databaseUrl, parseFlags, UsageError } from "./common.ts";
 import { heartbeatFiles } from "./heartbeat_files.ts";
@@ -29,7 +31,8 @@ export const DEFAULT_HEALTH_TIMEOUT = 10;
 
 /** Help text of `akadze health`. */
 export const HEALTH_HELP = `Usage: akadze health --heartbeat-file PATH [--processes N] [--max-age S]
-       akadze health [--max-lag S] [--max-ready N] [--queue Q]... [--schema NAME]
+       akadze health [--max-lag S] [--max-ready N] [--queue Q]... [--max-transaction-age S]
+                     [--schema NAME]
 
 Exit 0 when healthy, else 1 with one line saying what is wrong (2: usage error).
 
@@ -44,6 +47,10 @@ Database (AKADZE_DATABASE_URL): reachable, schema migrated, and per queue:
   --max-lag S             the oldest ready job has waited at most S seconds
   --max-ready N           at most N jobs are ready (queued and due)
   -q, --queue Q           only these queues (repeat or separate with commas; default all)
+and in the whole database:
+  --max-transaction-age S no transaction has been open for more than S seconds while
+                          holding back the cleanup of old rows (which slows claims);
+                          other roles' sessions are seen only with pg_monitor
   --schema NAME           schema name (default ${DEFAULT_SCHEMA})
   --timeout S             give up (unhealthy) after S seconds (default ${DEFAULT_HEALTH_TIMEOUT})
 
@@ -111,6 +118,11 @@ export interface DatabaseHealthOptions {
   maxReady?: number;
   /** Only these queues (default all). */
   queues?: readonly string[];
+  /**
+   * Unhealthy when a transaction (a session's or a prepared one) that holds back the
+   * cleanup of old rows has been open longer (seconds).
+   */
+  maxTransactionAge?: number;
 }
 
 /** One queue's ready jobs, as {@linkcode checkDatabase} reads them. */
@@ -140,9 +152,9 @@ export async function checkDatabase(
     };
   }
   const queues = options.queues && options.queues.length > 0 ? [...options.queues] : null;
-  const rows = await sql.begin("read only", async (tx) => {
+  const { rows, horizon } = await sql.begin("read only", async (tx) => {
     await tx`set local statement_timeout = '5s'`;
-    return await tx.unsafe(
+    const rows = await tx.unsafe(
       `select j.queue, count(*)::int as ready,
               greatest(extract(epoch from now() - min(j.run_at)), 0)::float8 as lag,
               exists (select 1 from ${s}.queue_pauses p where p.queue = j.queue) as paused
@@ -152,6 +164,10 @@ export async function checkDatabase(
         group by j.queue order by j.queue`,
       [queues as never],
     );
+    const horizon = options.maxTransactionAge === undefined ? null : await readHorizon(tx, {
+      schema,
+    });
+    return { rows, horizon };
   });
   const ready: ReadyQueue[] = rows.map((r) => ({
     queue: r.queue,
@@ -173,6 +189,10 @@ export async function checkDatabase(
       );
     }
   }
+  const held = horizon && options.maxTransactionAge !== undefined
+    ? heldBack(horizon, options.maxTransactionAge)
+    : null;
+  if (held?.problem) problems.push(held.problem);
   if (problems.length > 0) return { ok: false, line: problems.join("; ") };
   const total = ready.reduce((sum, q) => sum + q.ready, 0);
   const lag = ready.reduce((max, q) => Math.max(max, q.lag), 0);
@@ -180,8 +200,45 @@ export async function checkDatabase(
   return {
     ok: true,
     line: `database reachable, schema "${schema}" up to date, ${total} ready jobs${scope}` +
-      (total > 0 ? `, oldest waited ${lag.toFixed(1)} s` : ""),
+      (total > 0 ? `, oldest waited ${lag.toFixed(1)} s` : "") + (held?.note ?? ""),
   };
+}
+
+/**
+ * The `--max-transaction-age` check: a problem when a session's or a prepared transaction
+ * holding back cleanup is older than `max` seconds, else a note for the healthy line.
+ */
+function heldBack(horizon: Horizon, max: number): { problem?: string; note: string } {
+  if (!horizon.holders) {
+    return { note: ", open transactions not checked (this role may not read them)" };
+  }
+  const session = horizon.holders.session;
+  const prepared = horizon.holders.prepared;
+  const cost = "holds back the cleanup of old job rows, which slows claims down";
+  if (session && session.seconds > max) {
+    const pid = session.pid === null ? "" : ` (server process ${session.pid})`;
+    const end = session.pid === null
+      ? "end it"
+      : `end it with SELECT pg_terminate_backend(${session.pid})`;
+    return {
+      problem: `a transaction${pid} has been open for ${session.seconds.toFixed(1)} s > ` +
+        `${max} s and ${cost}: if it is not needed, ${end}`,
+      note: "",
+    };
+  }
+  if (prepared && prepared.seconds > max) {
+    return {
+      problem: `a prepared transaction has been open for ${prepared.seconds.toFixed(1)} s > ` +
+        `${max} s and ${cost}: finish it with COMMIT PREPARED or ROLLBACK PREPARED ` +
+        "(pg_prepared_xacts lists it)",
+      note: "",
+    };
+  }
+  const oldest = Math.max(session?.seconds ?? 0, prepared?.seconds ?? 0);
+  const hidden = horizon.hiddenSessions > 0
+    ? `; ${horizon.hiddenSessions} of other roles not checked (grant this role pg_monitor)`
+    : "";
+  return { note: `, oldest open transaction ${oldest.toFixed(1)} s${hidden}` };
 }
 
 /** Run `akadze health`; returns the exit code (0 healthy, 1 unhealthy). */
@@ -194,6 +251,7 @@ export async function healthCommand(args: string[]): Promise<number> {
       "max-age": { type: "string" },
       "max-lag": { type: "string" },
       "max-ready": { type: "string" },
+      "max-transaction-age": { type: "string" },
       queue: { type: "string", short: "q", multiple: true },
       schema: { type: "string" },
       timeout: { type: "string" },
@@ -209,7 +267,16 @@ export async function healthCommand(args: string[]): Promise<number> {
   const path = values["heartbeat-file"];
   let report: HealthReport;
   if (path !== undefined) {
-    for (const flag of ["max-lag", "max-ready", "queue", "schema", "timeout"] as const) {
+    for (
+      const flag of [
+        "max-lag",
+        "max-ready",
+        "max-transaction-age",
+        "queue",
+        "schema",
+        "timeout",
+      ] as const
+    ) {
       if (values[flag] !== undefined) {
         throw new UsageError(
           `--${flag} checks the database; --heartbeat-file checks files only (run two probes)`,
@@ -239,6 +306,9 @@ export async function healthCommand(args: string[]): Promise<number> {
       maxReady: values["max-ready"] === undefined
         ? undefined
         : integer("--max-ready", values["max-ready"], 0, Number.MAX_SAFE_INTEGER),
+      maxTransactionAge: values["max-transaction-age"] === undefined
+        ? undefined
+        : nonNegativeSeconds("--max-transaction-age", values["max-transaction-age"]),
     };
     if (options.schema !== undefined) {
       try {

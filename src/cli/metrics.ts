@@ -13,7 +13,11 @@ Print akadze's gauges in the Prometheus text exposition format (version 0.0.4), 
 from one consistent snapshot: akadze_jobs{queue,state}, akadze_queue_lag_seconds{queue},
 akadze_queue_paused{queue}, akadze_worker_busy, akadze_workers and the limit gauges
 (akadze_limit_running, akadze_limit_max_running, akadze_limit_starts,
-akadze_limit_max_starts). No job arguments, results or error texts.
+akadze_limit_max_starts), and what holds back the cleanup of the jobs table:
+akadze_oldest_transaction_seconds{source}, akadze_horizon_age_transactions{source},
+akadze_horizon_hidden_sessions, akadze_jobs_dead_tuples and
+akadze_jobs_last_vacuum_timestamp_seconds. No job arguments, results or error texts,
+and no other session's query or user.
 
 To be scraped, serve the same text from your application with renderMetrics (from
 @akadze/akadze/metrics), or write it to a node_exporter textfile collector directory.
