@@ -11,7 +11,7 @@
  *
  * @module
  */
-import { atomically, quoteSchema, type TransactionSql } from "./db.ts";
+import { atomically, DEFAULT_SCHEMA, quoteSchema, type TransactionSql } from "./db.ts";
 
 /** What holds a transaction or snapshot open: the `source` label. */
 export type HorizonSource = "session" | "prepared" | "replication_slot" | "standby";
@@ -100,7 +100,7 @@ export async function readHorizon(
   tx: TransactionSql,
   options: ReadHorizonOptions = {},
 ): Promise<Horizon> {
-  const jobsTable = `${quoteSchema(options.schema ?? "akadze")}.jobs`;
+  const jobsTable = `${quoteSchema(options.schema ?? DEFAULT_SCHEMA)}.jobs`;
   const rows = await unlessDenied(() => atomically(tx, (sp) => sp.unsafe(HOLDERS_SQL)));
   const stats = await unlessDenied(() =>
     atomically(tx, (sp) =>

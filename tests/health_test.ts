@@ -80,6 +80,8 @@ Deno.test("akadze health usage errors: mixing file and database checks, bad numb
     [["--heartbeat-file", "/x", "--processes", "0"], /--processes must be an integer/],
     [["--max-ready", "-1"], /max-ready/],
     [["--max-lag", "soon"], /--max-lag must be a number of seconds/],
+    [["--max-transaction-age", "soon"], /--max-transaction-age must be a number of seconds/],
+    [["--heartbeat-file", "/x", "--max-transaction-age", "5"], /checks the database/],
     [["--queue", "no spaces"], /queue name/],
     [[], /AKADZE_DATABASE_URL is not set/],
   ];
@@ -91,7 +93,16 @@ Deno.test("akadze health usage errors: mixing file and database checks, bad numb
   }
   const help = await health(["--help"]);
   assertEquals(help.code, 0);
-  for (const flag of ["--heartbeat-file", "--processes", "--max-age", "--max-lag", "--max-ready"]) {
+  for (
+    const flag of [
+      "--heartbeat-file",
+      "--processes",
+      "--max-age",
+      "--max-lag",
+      "--max-ready",
+      "--max-transaction-age",
+    ]
+  ) {
     assert(help.stdout.includes(flag), `health --help lacks ${flag}`);
   }
 });

@@ -122,3 +122,30 @@ Deno.test("a role without pg_monitor gets valid metrics that count other roles' 
     }
   });
 });
+
+Deno.test("statistics views a role may not read leave their gauges out, the queue gauges stay", async () => {
+  await withDatabase("horizon_denied", async (db, admin) => {
+    const role = `akd${crypto.randomUUID().slice(0, 8)}`;
+    // Privileges on the catalog's views are per database: this changes this database only.
+    await admin.unsafe(`create role ${role} login;
+      grant usage on schema akadze to ${role};
+      grant select on all tables in schema akadze to ${role};
+      revoke select on pg_catalog.pg_stat_activity, pg_catalog.pg_stat_user_tables from public`);
+    await admin`insert into akadze.jobs (task, queue) values ('t', 'mail')`;
+    const u = new URL(db.url);
+    u.username = role;
+    u.password = "";
+    const plain = postgres(u.href, { max: 1, onnotice: () => {} });
+    try {
+      const text = await renderMetrics(plain);
+      assertMatch(text, /^akadze_jobs\{queue="mail",state="queued"\} 1$/m);
+      for (const name of [SESSION_SECONDS, SESSION_XIDS, HIDDEN, DEAD, VACUUMED]) {
+        assert(!text.includes(name.replace(/\{.*/, "")), `${name} left out:\n${text}`);
+      }
+      await assertPromtoolAccepts(text);
+    } finally {
+      await plain.end({ timeout: 1 });
+      await admin.unsafe(`drop owned by ${role}; drop role ${role}`);
+    }
+  });
+});

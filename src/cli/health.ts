@@ -47,10 +47,9 @@ Database (AKADZE_DATABASE_URL): reachable, schema migrated, and per queue:
   --max-lag S             the oldest ready job has waited at most S seconds
   --max-ready N           at most N jobs are ready (queued and due)
   -q, --queue Q           only these queues (repeat or separate with commas; default all)
-and in the whole database:
-  --max-transaction-age S no transaction has been open for more than S seconds while
-                          holding back the cleanup of old rows (which slows claims);
-                          other roles' sessions are seen only with pg_monitor
+  --max-transaction-age S and no transaction in the database has been open for more
+                          than S seconds while holding back the cleanup of old rows (it
+                          slows claims); other roles' sessions count only with pg_monitor
   --schema NAME           schema name (default ${DEFAULT_SCHEMA})
   --timeout S             give up (unhealthy) after S seconds (default ${DEFAULT_HEALTH_TIMEOUT})
 
@@ -236,7 +235,8 @@ function heldBack(horizon: Horizon, max: number): { problem?: string; note: stri
   }
   const oldest = Math.max(session?.seconds ?? 0, prepared?.seconds ?? 0);
   const hidden = horizon.hiddenSessions > 0
-    ? `; ${horizon.hiddenSessions} of other roles not checked (grant this role pg_monitor)`
+    ? ` (${horizon.hiddenSessions} of other roles' sessions not checked: ` +
+      "grant this role pg_monitor)"
     : "";
   return { note: `, oldest open transaction ${oldest.toFixed(1)} s${hidden}` };
 }
