@@ -11,7 +11,7 @@
  *
  * @module
  */
-import { atomically, DEFAULT_SCHEMA, quoteSchema, type TransactionSql } from "./db.ts";
+import { DEFAULT_SCHEMA, quoteSchema, type Sql, type TransactionSql } from "./db.ts";
 
 /** What holds a transaction or snapshot open: the `source` label. */
 export type HorizonSource = "session" | "prepared" | "replication_slot" | "standby";
@@ -87,30 +87,28 @@ select source,
   from holders group by source`;
 
 /**
- * Read what holds back the cleanup of dead rows, in `tx` (each read in a savepoint: a
- * statistics view the role may not read leaves its part null instead of failing).
+ * Read what holds back the cleanup of dead rows: two statements of their own on `sql` (in
+ * a savepoint each when `sql` is a transaction), so that a statistics view the role may
+ * not read leaves its part null instead of failing anything else.
  *
  * @example
  * ```ts ignore
- * const horizon = await sql.begin((tx) => readHorizon(tx));
+ * const horizon = await readHorizon(sql);
  * console.log(horizon.holders?.session?.seconds);
  * ```
  */
 export async function readHorizon(
-  tx: TransactionSql,
+  sql: Sql | TransactionSql,
   options: ReadHorizonOptions = {},
 ): Promise<Horizon> {
   const jobsTable = `${quoteSchema(options.schema ?? DEFAULT_SCHEMA)}.jobs`;
-  const rows = await unlessDenied(() => atomically(tx, (sp) => sp.unsafe(HOLDERS_SQL)));
-  const stats = await unlessDenied(() =>
-    atomically(tx, (sp) =>
-      sp.unsafe(
-        `select n_dead_tup::int8 as dead,
-                greatest(last_vacuum, last_autovacuum) as vacuumed
-           from pg_catalog.pg_stat_user_tables where relid = pg_catalog.to_regclass($1)`,
-        [jobsTable],
-      ))
-  );
+  const rows = await unlessDenied(sql, (s) => s.unsafe(HOLDERS_SQL));
+  const stats = await unlessDenied(sql, (s) =>
+    s.unsafe(
+      `select n_dead_tup::int8 as dead, greatest(last_vacuum, last_autovacuum) as vacuumed
+         from pg_catalog.pg_stat_user_tables where relid = pg_catalog.to_regclass($1)`,
+      [jobsTable],
+    ));
   let holders: Horizon["holders"] = null;
   let hiddenSessions = 0;
   if (rows) {
@@ -185,9 +183,15 @@ export function horizonGauges(horizon: Horizon): string[] {
   return out;
 }
 
-async function unlessDenied<T>(read: () => Promise<T>): Promise<T | null> {
+/** `read` on `sql`, or null when the role may not read what it reads. */
+async function unlessDenied<T>(
+  sql: Sql | TransactionSql,
+  read: (sql: Sql | TransactionSql) => Promise<T>,
+): Promise<T | null> {
+  const tx = sql as TransactionSql;
   try {
-    return await read();
+    // In a transaction, a failed statement would abort it: a savepoint keeps it usable.
+    return typeof tx.savepoint === "function" ? await tx.savepoint(read) as T : await read(sql);
   } catch (error) {
     if ((error as { code?: unknown }).code === INSUFFICIENT_PRIVILEGE) return null;
     throw error;

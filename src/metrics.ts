@@ -37,9 +37,9 @@ const STATES = ["queued", "running", "succeeded", "failed", "cancelled"] as cons
 /**
  * Render the queue gauges as Prometheus text, read from one consistent snapshot: jobs per
  * queue and state, lag of the oldest ready job per queue, running jobs, live workers,
- * paused queues, limit usage, the oldest transactions holding back cleanup and the jobs
- * table's dead rows. Never includes arguments, results, error texts, or other sessions'
- * queries or users.
+ * paused queues and limit usage; then the oldest transactions holding back cleanup and the
+ * jobs table's dead rows. Never includes arguments, results, error texts, or other
+ * sessions' queries or users.
  *
  * @example
  * ```ts ignore
@@ -68,7 +68,6 @@ export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}
              (select count(*) from ${s}.limit_starts m
                where m.key = l.key and m.started_at > now() - l."window")::int as starts
         from ${s}.limits l order by l.key`),
-        horizon: await readHorizon(tx, { schema }),
       })),
   );
   const queues = new Set<string>();
@@ -131,7 +130,9 @@ export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}
     "maxStarts per window of each rate-limited key.",
     read.limits.filter((r) => r.max_starts !== null).map((r) => [{ key: r.key }, r.max_starts]),
   );
-  out.push(...horizonGauges(read.horizon));
+  // Statements of their own, after the snapshot: a statistics view the role may not read
+  // must not fail the queue's gauges, and they need no snapshot of the queue's tables.
+  out.push(...horizonGauges(await readHorizon(sql, { schema })));
   return out.join("\n") + "\n";
 }
 

@@ -2,6 +2,9 @@
 // REPEATABLE READ transaction on another connection, seen with and without pg_monitor.
 import postgres from "postgres";
 import { renderMetrics } from "../src/metrics.ts";
+import { migrate } from "../src/migrate.ts";
+import { checkDatabase } from "../src/cli/health.ts";
+import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { Sql } from "../src/db.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
@@ -148,4 +151,38 @@ Deno.test("statistics views a role may not read leave their gauges out, the queu
       await admin.unsafe(`drop owned by ${role}; drop role ${role}`);
     }
   });
+});
+
+Deno.test("a prepared transaction left unfinished shows as source prepared until ROLLBACK PREPARED", async () => {
+  // The suite's server allows no prepared transactions; this one does.
+  const pg = await startThrowawayPostgres({ settings: { max_prepared_transactions: 2 } });
+  const sql = postgres(pg.url, { max: 2, onnotice: () => {} });
+  try {
+    await migrate(sql);
+    await sql.begin(async (tx) => {
+      await tx`insert into akadze.jobs (task, args) values ('t', '{}')`;
+      await tx.prepare("akadze-horizon-test");
+    });
+    const prepared = 'akadze_oldest_transaction_seconds{source="prepared"}';
+    const xids = 'akadze_horizon_age_transactions{source="prepared"}';
+    const text = await waitFor(async () => {
+      const t = await renderMetrics(sql);
+      return sample(t, prepared) > 0 && sample(t, xids) >= 1 ? t : "";
+    }, "the prepared transaction in the metrics");
+    assert(!text.includes("akadze-horizon-test"), "no gid in the metrics");
+    const health = await checkDatabase(sql, { maxTransactionAge: 0 });
+    assertEquals(health.ok, false);
+    assertMatch(
+      health.line,
+      /^a prepared transaction has been open for \d+\.\d s > 0 s .*PREPARED/,
+    );
+    await sql.unsafe("rollback prepared 'akadze-horizon-test'");
+    await waitFor(async () => {
+      const t = await renderMetrics(sql);
+      return sample(t, prepared) === 0 && sample(t, xids) === 0;
+    }, "the rolled back transaction to leave the metrics");
+  } finally {
+    await sql.end({ timeout: 1 });
+    await pg.stop();
+  }
 });

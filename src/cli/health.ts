@@ -163,9 +163,9 @@ export async function checkDatabase(
         group by j.queue order by j.queue`,
       [queues as never],
     );
-    const horizon = options.maxTransactionAge === undefined ? null : await readHorizon(tx, {
-      schema,
-    });
+    const horizon = options.maxTransactionAge === undefined
+      ? null
+      : await readHorizon(tx, { schema });
     return { rows, horizon };
   });
   const ready: ReadyQueue[] = rows.map((r) => ({
