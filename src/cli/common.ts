@@ -6,6 +6,7 @@
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { describeError, urlPassword } from "../db.ts";
+import { parseIntegerText } from "../rules.ts";
 import { safeText } from "./output.ts";
 
 /** A command-line usage error: printed as one line, exit code 2. */
@@ -87,4 +88,9 @@ export function reportError(error: unknown): number {
   const password = url ? urlPassword(url) : undefined;
   console.error(`error: ${safeText(describeError(error, password ? [password] : []))}`);
   return error instanceof UsageError ? 2 : 1;
+}
+
+/** An integer flag within `[min, max]` (a usage error otherwise). */
+export function integerFlag(flag: string, text: string, min: number, max: number): number {
+  return parseIntegerText(flag, text, { min, max, error: UsageError });
 }

@@ -6,8 +6,8 @@
  * @module
  */
 import { connect, quoteSchema, type Sql } from "../db.ts";
-import { normalizeId } from "../admin.ts";
-import { QUEUE_NAME } from "../enqueue.ts";
+import { normalizeId } from "../admin/jobs.ts";
+import { QUEUE_NAME, QUEUE_NAME_RULE } from "../rules.ts";
 import type { ParseArgsConfig } from "node:util";
 import { databaseUrl, parseFlags, UsageError } from "./common.ts";
 
@@ -107,23 +107,13 @@ export function jobIdArg(text: string): string {
 export function queueArg(text: string, what = "queue name"): string {
   if (!QUEUE_NAME.test(text)) {
     throw new UsageError(
-      `${what} must be 1-64 characters of letters, digits, _ . : -, got "${text}"`,
+      `${what} must be ${QUEUE_NAME_RULE}, got "${text}"`,
     );
   }
   return text;
 }
 
-const INTEGER = /^\d+$/;
 const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
-
-/** An integer flag within `[min, max]`. */
-export function integerFlag(flag: string, text: string, min: number, max: number): number {
-  const n = INTEGER.test(text) ? Number(text) : NaN;
-  if (!(n >= min && n <= max)) {
-    throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got "${text}"`);
-  }
-  return n;
-}
 
 /**
  * A duration flag in seconds (decimals allowed) as whole milliseconds within

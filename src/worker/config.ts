@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { checkQueueName } from "../enqueue.ts";
+import { checkQueueName, INT4_MAX, isIntegerIn } from "../rules.ts";
 import { AkadzeError } from "../errors.ts";
 import { isPlainObject } from "../json.ts";
 
@@ -97,7 +97,7 @@ const NAMES = new Set([
   "metricsHost",
   "metricsQueueState",
 ]);
-const MS_MAX = 2147483647;
+const MS_MAX = INT4_MAX;
 
 /** Validate worker options against the defaults; `AkadzeError` with a precise message. */
 export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
@@ -170,7 +170,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
 }
 
 function integer(name: string, value: unknown, min: number, max: number): number {
-  if (!Number.isInteger(value) || (value as number) < min || (value as number) > max) {
+  if (!isIntegerIn(value, min, max)) {
     throw new AkadzeError(`${name} must be an integer from ${min} to ${max}, got ${value}`);
   }
   return value as number;
