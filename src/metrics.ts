@@ -23,7 +23,7 @@
  * @module
  */
 import { readLimits } from "./admin/limits.ts";
-import { readJobCounts, readPausedQueues, readReadyJobs } from "./admin/queues.ts";
+import { queueSnapshots, readQueueState } from "./admin/queues.ts";
 import { DEFAULT_SCHEMA, explainMissingSchema, quoteSchema, type Sql } from "./db.ts";
 import { JOB_STATES } from "./rules.ts";
 
@@ -51,51 +51,40 @@ export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}
     schema,
     () =>
       sql.begin("isolation level repeatable read read only", async (tx) => ({
-        counts: await readJobCounts(tx, s),
-        ready: await readReadyJobs(tx, s),
-        pauses: await readPausedQueues(tx, s),
+        queues: await readQueueState(tx, s),
         workers: await tx.unsafe(`select count(*)::int as n from ${s}.workers`),
         limits: await readLimits(tx, s),
       })),
   );
-  const queues = new Set<string>();
-  for (const r of read.counts) queues.add(r.queue);
-  for (const queue of read.pauses) queues.add(queue);
-  const count = new Map(read.counts.map((r) => [`${r.queue}\u0000${r.state}`, r.n]));
+  // In code-unit order of the queue names, as Prometheus tools sort them.
+  const queues = queueSnapshots(read.queues).sort((a, b) =>
+    a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0
+  );
   const out: string[] = [];
   const gauge = (name: string, help: string, rows: [Record<string, string>, number][]) => {
     out.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`);
     for (const [labels, value] of rows) out.push(`${name}${formatLabels(labels)} ${value}`);
   };
-  const sorted = [...queues].sort();
   gauge(
     "akadze_jobs",
     "Jobs by queue and state.",
-    sorted.flatMap((queue) =>
+    queues.flatMap((q) =>
       JOB_STATES.map((state) =>
-        [{ queue, state }, count.get(`${queue}\u0000${state}`) ?? 0] as [
-          Record<string, string>,
-          number,
-        ]
+        [{ queue: q.queue, state }, q.counts[state]] as [Record<string, string>, number]
       )
     ),
   );
-  const lag = new Map(read.ready.map((r) => [r.queue, r.lag]));
   gauge(
     "akadze_queue_lag_seconds",
     "Seconds the oldest ready job of the queue has waited (0 when none).",
-    sorted.map((queue) => [{ queue }, Math.max(0, lag.get(queue) ?? 0)]),
+    queues.map((q) => [{ queue: q.queue }, q.lagSeconds]),
   );
-  const paused = new Set(read.pauses);
   gauge(
     "akadze_queue_paused",
     "1 when claims from the queue are paused.",
-    sorted.map((queue) => [{ queue }, paused.has(queue) ? 1 : 0]),
+    queues.map((q) => [{ queue: q.queue }, q.paused ? 1 : 0]),
   );
-  const busy = read.counts.filter((r) => r.state === "running").reduce(
-    (a, r) => a + r.n,
-    0,
-  );
+  const busy = queues.reduce((sum, q) => sum + q.busy, 0);
   gauge("akadze_worker_busy", "Jobs running now, across all workers.", [[{}, busy]]);
   gauge("akadze_workers", "Registered worker processes.", [[{}, Number(read.workers[0].n)]]);
   gauge(

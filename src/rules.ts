@@ -53,6 +53,15 @@ export const MAX_ARGS_BYTES = 1_048_576;
  */
 export const MAX_DELAY = 365 * 24 * 60 * 60 * 1000;
 
+/** The longest rate window of a limit key, in milliseconds: 366 days. */
+export const LIMIT_WINDOW_MAX = 366 * 86_400_000;
+/** The most job summaries one `listJobs` (`akadze jobs list --limit`) returns. */
+export const LIST_JOBS_MAX = 1000;
+/** The most slots of a worker. */
+export const SLOTS_MAX = 10_000;
+/** The largest TCP port (a worker's metrics port). */
+export const PORT_MAX = 65_535;
+
 /** Every job state, in lifecycle order. */
 export const JOB_STATES: readonly JobState[] = [
   "queued",

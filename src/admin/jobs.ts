@@ -16,7 +16,7 @@ import {
 } from "../db.ts";
 import { AkadzeError, DuplicateJob } from "../errors.ts";
 import type { JobState } from "../job.ts";
-import { checkQueueName, JOB_STATES, TASK_NAME_MAX } from "../rules.ts";
+import { checkQueueName, isIntegerIn, JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
@@ -185,8 +185,8 @@ const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, 
 export async function listJobs(db: Database, options: ListJobsOptions = {}): Promise<JobSummary[]> {
   const [sql, s, schema] = readTarget(db, options);
   const limit = options.limit ?? 50;
-  if (!Number.isInteger(limit) || limit < 1 || limit > 1000) {
-    throw new AkadzeError(`limit must be an integer from 1 to 1000, got ${limit}`);
+  if (!isIntegerIn(limit, 1, LIST_JOBS_MAX)) {
+    throw new AkadzeError(`limit must be an integer from 1 to ${LIST_JOBS_MAX}, got ${limit}`);
   }
   const rows = await explainMissingSchema(schema, () =>
     sql.unsafe(

@@ -7,7 +7,7 @@
 import { atomically, explainMissingSchema, quoteSchema } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { jsonProblem } from "../json.ts";
-import { INT4_MAX, isKeyLength, KEY_MAX_LENGTH } from "../rules.ts";
+import { INT4_MAX, isKeyLength, KEY_MAX_LENGTH, LIMIT_WINDOW_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /** Limits of one key; `undefined` keeps the stored value, `null` removes it. */
@@ -56,7 +56,7 @@ export async function setLimit(
       throw new AkadzeError(`${name} must be an integer from 1 to ${INT4_MAX}, got ${value}`);
     }
   }
-  if (window != null && (!Number.isInteger(window) || window < 1 || window > 366 * 86_400_000)) {
+  if (window != null && (!Number.isInteger(window) || window < 1 || window > LIMIT_WINDOW_MAX)) {
     throw new AkadzeError(
       `window must be a whole number of milliseconds up to a year, got ${window}`,
     );

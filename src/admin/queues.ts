@@ -156,15 +156,40 @@ export async function queueSnapshot(
   options: AdminOptions = {},
 ): Promise<QueueSnapshot[]> {
   const [sql, s, schema] = readTarget(db, options);
-  const rows = await explainMissingSchema(
+  const state = await explainMissingSchema(
     schema,
-    () =>
-      sql.begin("isolation level repeatable read read only", async (tx) => ({
-        counts: await readJobCounts(tx, s),
-        ready: await readReadyJobs(tx, s),
-        pauses: await readPausedQueues(tx, s),
-      })),
+    () => sql.begin("isolation level repeatable read read only", (tx) => readQueueState(tx, s)),
   );
+  return queueSnapshots(state);
+}
+
+/** What {@linkcode readQueueState} reads: the rows of the three queue-state readers. */
+export interface QueueState {
+  /** {@linkcode readJobCounts}. */
+  counts: JobCountRow[];
+  /** {@linkcode readReadyJobs} of every queue. */
+  ready: ReadyJobsRow[];
+  /** {@linkcode readPausedQueues}. */
+  pauses: string[];
+}
+
+/**
+ * The job counts, ready jobs and pauses of every queue in schema `s` (quoted); in a
+ * repeatable-read transaction they are one consistent picture.
+ */
+export async function readQueueState(tx: TransactionSql, s: string): Promise<QueueState> {
+  return {
+    counts: await readJobCounts(tx, s),
+    ready: await readReadyJobs(tx, s),
+    pauses: await readPausedQueues(tx, s),
+  };
+}
+
+/**
+ * One {@linkcode QueueSnapshot} per queue that has jobs or a pause, ordered by name
+ * (`localeCompare`).
+ */
+export function queueSnapshots(rows: QueueState): QueueSnapshot[] {
   const paused = new Set(rows.pauses);
   const byQueue = new Map<string, QueueSnapshot>();
   const entry = (queue: string): QueueSnapshot => {

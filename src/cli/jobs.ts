@@ -16,7 +16,7 @@ import {
   requeueJobs,
 } from "../admin/jobs.ts";
 import type { JobState } from "../job.ts";
-import { JOB_STATES, TASK_NAME_MAX } from "../rules.ts";
+import { JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { redact } from "../db.ts";
 import { runSecrets } from "../worker/error_entry.ts";
 import { integerFlag, UsageError } from "./common.ts";
@@ -73,7 +73,7 @@ enqueued first).
 
 Options:
 ${filterHelp(JOB_STATES.join(", "))}
-  --limit N       at most N jobs, 1 to 1000 (default 50)
+  --limit N       at most N jobs, 1 to ${LIST_JOBS_MAX} (default 50)
   --json          a JSON array of objects with the keys id, task, queue, state, priority,
                   attempt, maxAttempts, runCount, runAt, createdAt, startedAt, finishedAt,
                   workerId, uniqueKey, limitKey, expiresAt, cancelRequested
@@ -278,7 +278,9 @@ async function listCommand(args: string[]): Promise<number> {
   if (!parsed) return 0;
   const { values, schema } = parsed;
   const filter = filterFlags(values, JOB_STATES, schema) ?? { schema };
-  const limit = values.limit === undefined ? 50 : integerFlag("--limit", values.limit, 1, 1000);
+  const limit = values.limit === undefined
+    ? 50
+    : integerFlag("--limit", values.limit, 1, LIST_JOBS_MAX);
   const jobs = await withSql((sql) => listJobs(sql, { ...filter, limit }));
   if (values.json) printJson(jobs.map(summaryJson));
   else printTable(LIST_COLUMNS, jobs);

@@ -12,7 +12,7 @@ import {
 } from "../admin/limits.ts";
 import { isSchemaMissing } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
-import { INT4_MAX, isKeyLength, KEY_MAX_LENGTH } from "../rules.ts";
+import { INT4_MAX, isKeyLength, KEY_MAX_LENGTH, LIMIT_WINDOW_MAX } from "../rules.ts";
 import { integerFlag, UsageError } from "./common.ts";
 import {
   DATABASE_FOOTER,
@@ -128,8 +128,6 @@ async function listCommand(args: string[]): Promise<number> {
   return 0;
 }
 
-const YEAR_MS = 366 * 86_400_000;
-
 async function setCommand(args: string[]): Promise<number> {
   const parsed = parseSubcommand(args, {
     "max-running": { type: "string" },
@@ -155,7 +153,7 @@ async function setCommand(args: string[]): Promise<number> {
     values["max-starts"],
     (t) => integerFlag("--max-starts", t, 1, INT4_MAX),
   );
-  limits.window = orNone(values.window, (t) => secondsFlag("--window", t, 1, YEAR_MS));
+  limits.window = orNone(values.window, (t) => secondsFlag("--window", t, 1, LIMIT_WINDOW_MAX));
   for (const name of ["maxRunning", "maxStarts", "window"] as const) {
     if (limits[name] === undefined) delete limits[name];
   }

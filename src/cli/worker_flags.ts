@@ -6,7 +6,7 @@
  */
 import { parseArgs } from "node:util";
 import { parsePoolSize } from "../env.ts";
-import { INT4_MAX } from "../rules.ts";
+import { INT4_MAX, PORT_MAX, SLOTS_MAX } from "../rules.ts";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
 import { integerFlag, parseFlags, UsageError } from "./common.ts";
 import {
@@ -193,7 +193,7 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     : parsePoolSize(values["pool-size"], "--pool-size", UsageError);
   const worker: WorkerOptions = {};
   if (values.queue) worker.queues = values.queue.flatMap((q) => q.split(",")).map((q) => q.trim());
-  if (values.slots !== undefined) worker.slots = integerFlag("--slots", values.slots, 1, 10_000);
+  if (values.slots !== undefined) worker.slots = integerFlag("--slots", values.slots, 1, SLOTS_MAX);
   if (values.fair) worker.fair = true;
   if (values.batch) worker.batch = true;
   if (values["max-jobs"] !== undefined) {
@@ -223,11 +223,13 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     worker.heartbeatFile = values["heartbeat-file"];
   }
   if (values["metrics-port"] !== undefined) {
-    worker.metricsPort = integerFlag("--metrics-port", values["metrics-port"], 0, 65_535);
-    if (worker.metricsPort + processes - 1 > 65_535) {
+    worker.metricsPort = integerFlag("--metrics-port", values["metrics-port"], 0, PORT_MAX);
+    if (worker.metricsPort + processes - 1 > PORT_MAX) {
       throw new UsageError(
         `--metrics-port ${worker.metricsPort} with --processes ${processes} needs ports up to ` +
-          `${worker.metricsPort + processes - 1}: choose a port at most ${65_536 - processes}`,
+          `${worker.metricsPort + processes - 1}: choose a port at most ${
+            PORT_MAX + 1 - processes
+          }`,
       );
     }
   }
