@@ -94,3 +94,8 @@ export function reportError(error: unknown): number {
 export function integerFlag(flag: string, text: string, min: number, max: number): number {
   return parseIntegerText(flag, text, { min, max, error: UsageError });
 }
+
+/** The number a seconds flag's text says (decimals allowed, no sign or exponent), else NaN. */
+export function secondsText(text: string): number {
+  return /^(?:\d+(?:\.\d*)?|\.\d+)$/.test(text) ? Number(text) : NaN;
+}

@@ -18,7 +18,7 @@ import { readPausedQueues, readReadyJobs } from "../admin/queues.ts";
 import { AkadzeError } from "../errors.ts";
 import { pendingVersions } from "../migrate.ts";
 import { checkQueueName } from "../rules.ts";
-import { databaseUrl, integerFlag, parseFlags, UsageError } from "./common.ts";
+import { databaseUrl, integerFlag, parseFlags, secondsText, UsageError } from "./common.ts";
 import { heartbeatFiles } from "./heartbeat_files.ts";
 import { safeText } from "./output.ts";
 import { MAX_PROCESSES } from "./worker_flags.ts";
@@ -49,8 +49,6 @@ Database (AKADZE_DATABASE_URL): reachable, schema migrated, and per queue:
   --timeout S             give up (unhealthy) after S seconds (default ${DEFAULT_HEALTH_TIMEOUT})
 
   -h, --help              show this help`;
-
-const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
 
 /** The result of a check: healthy or not, and the one line that says so. */
 export interface HealthReport {
@@ -285,7 +283,7 @@ function seconds(ms: number): string {
 }
 
 function positiveSeconds(flag: string, text: string): number {
-  const value = SECONDS.test(text) ? Number(text) : NaN;
+  const value = secondsText(text);
   if (!(value > 0) || value > 2147483) {
     throw new UsageError(`${flag} must be a positive number of seconds, got "${text}"`);
   }
@@ -293,7 +291,7 @@ function positiveSeconds(flag: string, text: string): number {
 }
 
 function nonNegativeSeconds(flag: string, text: string): number {
-  const value = SECONDS.test(text) ? Number(text) : NaN;
+  const value = secondsText(text);
   if (!(value >= 0) || value > 2147483) {
     throw new UsageError(`${flag} must be a number of seconds, got "${text}"`);
   }

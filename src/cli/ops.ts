@@ -9,7 +9,7 @@ import { connect, quoteSchema, type Sql } from "../db.ts";
 import { normalizeId } from "../admin/jobs.ts";
 import { QUEUE_NAME, QUEUE_NAME_RULE } from "../rules.ts";
 import type { ParseArgsConfig } from "node:util";
-import { databaseUrl, parseFlags, UsageError } from "./common.ts";
+import { databaseUrl, parseFlags, secondsText, UsageError } from "./common.ts";
 
 /** The `--schema` line of every operations command's help. */
 export const SCHEMA_OPTION = "  --schema NAME   schema of akadze's tables (default akadze)";
@@ -113,14 +113,12 @@ export function queueArg(text: string, what = "queue name"): string {
   return text;
 }
 
-const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
-
 /**
  * A duration flag in seconds (decimals allowed) as whole milliseconds within
  * `[minMs, maxMs]`.
  */
 export function secondsFlag(flag: string, text: string, minMs: number, maxMs: number): number {
-  const ms = SECONDS.test(text) ? Math.round(Number(text) * 1000) : NaN;
+  const ms = Math.round(secondsText(text) * 1000);
   if (!(ms >= minMs && ms <= maxMs)) {
     throw new UsageError(
       `${flag} must be a number of seconds from ${minMs / 1000} to ${maxMs / 1000} ` +

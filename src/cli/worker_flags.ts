@@ -8,7 +8,7 @@ import { parseArgs } from "node:util";
 import { parsePoolSize } from "../env.ts";
 import { INT4_MAX, PORT_MAX, SLOTS_MAX } from "../rules.ts";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
-import { integerFlag, parseFlags, UsageError } from "./common.ts";
+import { integerFlag, parseFlags, secondsText, UsageError } from "./common.ts";
 import {
   LOG_FORMATS,
   LOG_LEVELS,
@@ -83,7 +83,6 @@ const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid", "budget
  */
 export const DEFAULT_WORKER_POOL_SIZE = 5;
 const MS_MAX = INT4_MAX;
-const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
 
 /** The options part of the help of `worker` and `dev` (defaults from the Worker's). */
 export function workerFlagsHelp(): string {
@@ -283,7 +282,7 @@ function withoutSupervisorFlags(args: string[]): string[] {
 
 /** Seconds (decimals allowed) as whole milliseconds, at least 1 ms. */
 function seconds(flag: string, text: string): number {
-  const ms = SECONDS.test(text) ? Math.round(Number(text) * 1000) : NaN;
+  const ms = Math.round(secondsText(text) * 1000);
   if (!(ms >= 1) || ms > MS_MAX) {
     throw new UsageError(
       `${flag} must be a positive number of seconds (decimals allowed, at most ${
