@@ -106,38 +106,38 @@ export type {
 export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
 export { WORKER_DEFAULTS, type WorkerConfig, type WorkerOptions } from "./src/worker/config.ts";
 export { type FinishedOutcome, WorkerMetrics } from "./src/worker/worker_metrics.ts";
+export type { AdminOptions, Database, Session } from "./src/admin/database.ts";
 export {
-  type AdminOptions,
   type BulkOptions,
   cancelJobs,
-  clearLimit,
-  type Database,
   getJob,
   type GetJobOptions,
   type JobDetail,
   type JobFilter,
   type JobSummary,
-  type LimitOptions,
-  type LimitSummary,
   listJobs,
   type ListJobsOptions,
-  listLimits,
-  listQueues,
-  listWorkers,
-  pauseQueue,
-  pruneJobs,
-  type PruneJobsOptions,
-  type QueueSnapshot,
-  queueSnapshot,
-  type QueueSummary,
   requestCancel,
   requeue,
   requeueJobs,
   type RequeueJobsResult,
+} from "./src/admin/jobs.ts";
+export {
+  listQueues,
+  pauseQueue,
+  type QueueSnapshot,
+  queueSnapshot,
+  type QueueSummary,
   resumeQueue,
-  type Session,
+} from "./src/admin/queues.ts";
+export {
+  clearLimit,
+  type LimitOptions,
+  type LimitSummary,
+  listLimits,
   setLimit,
-  type WorkerSummary,
-} from "./src/admin.ts";
+} from "./src/admin/limits.ts";
+export { listWorkers, type WorkerSummary } from "./src/admin/workers.ts";
+export { pruneJobs, type PruneJobsOptions } from "./src/admin/prune.ts";
 export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";
 export type { PeriodicOptions } from "./src/app.ts";

@@ -5,15 +5,15 @@
  * @module
  */
 import { connect, DEFAULT_SCHEMA, describeError, quoteSchema, type Sql } from "./db.ts";
+import { guardTypeFetch, installDriverGuard } from "./driver_guard.ts";
 import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
 import { AkadzeError } from "./errors.ts";
 import type { Hooks } from "./job.ts";
-import { MAX_ARGS_BYTES } from "./enqueue.ts";
 import { isPlainObject } from "./json.ts";
 import { logger } from "./log.ts";
+import { MAX_ARGS_BYTES } from "./rules.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
-import { guardTypeFetch, installDriverGuard } from "./worker/driver_guard.ts";
 import { closeLoopConnections } from "./worker/loop_connection.ts";
 import {
   type AnyTask,

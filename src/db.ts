@@ -7,7 +7,7 @@
 import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
-import { guardTypeFetch } from "./worker/driver_guard.ts";
+import { guardTypeFetch } from "./driver_guard.ts";
 import { readEnv } from "./env.ts";
 
 /** A postgres.js instance (or a transaction of one), as akadze accepts it. */

@@ -13,10 +13,23 @@ import {
   type Sql,
   type TransactionSql,
 } from "./db.ts";
-import { AkadzeError, DuplicateJob, EnqueueError, MAX_DELAY } from "./errors.ts";
+import { DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
 import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
+import {
+  checkQueueName,
+  isDelay,
+  isKeyLength,
+  isMaxAttempts,
+  isPriority,
+  KEY_MAX_LENGTH,
+  MAX_ARGS_BYTES,
+  MAX_ATTEMPTS_MAX,
+  MAX_DELAY,
+  PRIORITY_MAX,
+  PRIORITY_MIN,
+} from "./rules.ts";
 import {
   formatIssues,
   OWN_OUTPUT_ADVICE,
@@ -77,9 +90,6 @@ export interface EnqueueHost {
   readonly maxArgsBytes?: number;
 }
 
-/** The default largest arguments of one job: 1 MiB of JSON text (UTF-8). */
-export const MAX_ARGS_BYTES = 1_048_576;
-
 /** What enqueue needs from a task. */
 export interface EnqueueTarget {
   /** Task name. */
@@ -94,35 +104,7 @@ export interface EnqueueTarget {
   readonly args?: StandardSchemaV1;
 }
 
-/** The queue-name rule (also a CHECK constraint on jobs.queue). */
-export const QUEUE_NAME = /^[A-Za-z0-9_.:-]{1,64}$/;
-/**
- * Throw `error` (an `AkadzeError` by default) unless `queue` is a valid queue name;
- * returns it.
- */
-export function checkQueueName(
-  queue: unknown,
-  error: new (message: string) => Error = AkadzeError,
-): string {
-  if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
-    throw new error(
-      `queue name ${JSON.stringify(queue)} must be 1-64 characters of letters, digits, _ . : -`,
-    );
-  }
-  return queue;
-}
-
-// The SQL functions akadze.enqueue() and enqueue_many() (migrations/0003_sql_enqueue.sql)
-// check the same ranges with the same messages, and leave names, key lengths and the shape of
-// the arguments to the domains of migrations/0001_init.sql: change them together.
-
-/** The smallint range of priorities. */
-export const PRIORITY_MIN = -32768;
-/** The smallint range of priorities. */
-export const PRIORITY_MAX = 32767;
-/** The largest attempt budget (int4). */
-export const MAX_ATTEMPTS_MAX = 2147483647;
-const KEY_MAX_LENGTH = 500;
+// The SQL functions akadze.enqueue() and enqueue_many() check the same rules (rules.ts).
 
 /** What every job of one enqueue call shares (all but the arguments). */
 interface Base {
@@ -222,10 +204,7 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   if (delay !== undefined && runAt !== undefined) {
     throw new EnqueueError("delay and runAt cannot both be set");
   }
-  if (
-    delay !== undefined &&
-    (typeof delay !== "number" || !Number.isFinite(delay) || delay < 0 || delay > MAX_DELAY)
-  ) {
+  if (delay !== undefined && !isDelay(delay)) {
     throw new EnqueueError(
       `delay must be a non-negative number of milliseconds, at most ${MAX_DELAY} (365 days), ` +
         `got ${delay}`,
@@ -237,13 +216,13 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
     }
   }
   const priority = options.priority ?? target.priority;
-  if (!Number.isInteger(priority) || priority < PRIORITY_MIN || priority > PRIORITY_MAX) {
+  if (!isPriority(priority)) {
     throw new EnqueueError(
       `priority must be an integer from ${PRIORITY_MIN} to ${PRIORITY_MAX}, got ${priority}`,
     );
   }
   const maxAttempts = options.maxAttempts ?? target.maxAttempts;
-  if (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > MAX_ATTEMPTS_MAX) {
+  if (!isMaxAttempts(maxAttempts)) {
     throw new EnqueueError(
       `maxAttempts must be an integer from 1 to ${MAX_ATTEMPTS_MAX}, got ${maxAttempts}`,
     );
@@ -274,7 +253,7 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
 
 function checkKey(name: string, value: unknown): string | null {
   if (value === undefined || value === null) return null;
-  if (typeof value !== "string" || value.length === 0 || value.length > KEY_MAX_LENGTH) {
+  if (!isKeyLength(value)) {
     throw new EnqueueError(
       `${name} must be a non-empty string of at most ${KEY_MAX_LENGTH} characters`,
     );

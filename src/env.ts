@@ -5,6 +5,7 @@
  * @module
  */
 import { AkadzeError } from "./errors.ts";
+import { parseIntegerText } from "./rules.ts";
 
 /** The pool size of an app whose code gives no `max` (see `AkadzeOptions.max`). */
 export const POOL_SIZE_ENV = "AKADZE_POOL_SIZE";
@@ -24,19 +25,21 @@ export function readEnv(name: string): string | undefined {
   return Deno.env.get(name) || undefined;
 }
 
-/** Parse a pool size given as text (`source` names where it came from, for the error). */
-export function parsePoolSize(text: string, source: string): number {
-  const n = /^\d+$/.test(text.trim()) ? Number(text.trim()) : NaN;
-  if (!(n >= 1 && n <= MAX_POOL_SIZE)) {
-    throw new AkadzeError(
-      `${source} must be an integer from 1 to ${MAX_POOL_SIZE}, got "${text}"`,
-    );
-  }
-  return n;
+/**
+ * Parse a pool size given as text: `source` names where it came from (a variable, a flag)
+ * for the error, an `error` (`AkadzeError` by default).
+ */
+export function parsePoolSize(
+  text: string,
+  source: string,
+  error: new (message: string) => Error = AkadzeError,
+): number {
+  return parseIntegerText(source, text, { min: 1, max: MAX_POOL_SIZE, error });
 }
 
 /** The pool size `AKADZE_POOL_SIZE` asks for, or undefined when it is unset or unreadable. */
 export function poolSizeFromEnv(): number | undefined {
   const text = readEnv(POOL_SIZE_ENV);
-  return text === undefined ? undefined : parsePoolSize(text, POOL_SIZE_ENV);
+  // A value in an environment file may carry stray whitespace.
+  return text === undefined ? undefined : parsePoolSize(text.trim(), POOL_SIZE_ENV);
 }

@@ -110,12 +110,6 @@ export function controlKind(error: unknown): "Retry" | "Snooze" | "Fail" | "Canc
     : undefined;
 }
 
-/**
- * The longest delay, in milliseconds, that a `Retry`, a `Snooze`, a task's `backoff` or an
- * enqueue's `delay` may ask for: 365 days.
- */
-export const MAX_DELAY = 365 * 24 * 60 * 60 * 1000;
-
 /** Options of {@linkcode Retry}. */
 export interface RetryOptions {
   /** Milliseconds until the next attempt (0 to 365 days); default: the task's backoff. */

@@ -5,17 +5,20 @@
  * @module
  */
 import type { JobContext } from "./context.ts";
+import { type EnqueueHost, enqueueJobs, type EnqueueOptions } from "./enqueue.ts";
+import { AkadzeError, EnqueueError } from "./errors.ts";
+import { isPlainObject } from "./json.ts";
 import {
-  type EnqueueHost,
-  enqueueJobs,
-  type EnqueueOptions,
+  INT4_MAX,
+  isMaxAttempts,
+  isPriority,
   MAX_ATTEMPTS_MAX,
   PRIORITY_MAX,
   PRIORITY_MIN,
   QUEUE_NAME,
-} from "./enqueue.ts";
-import { AkadzeError, EnqueueError } from "./errors.ts";
-import { isPlainObject } from "./json.ts";
+  QUEUE_NAME_RULE,
+  TASK_NAME_MAX,
+} from "./rules.ts";
 import {
   type InferInput,
   type InferOutput,
@@ -80,7 +83,7 @@ const TASK_OPTION_NAMES = new Set([
   "backoff",
 ]);
 /** The longest timeout a timer can carry (about 24.8 days). */
-const TIMEOUT_MAX = 2147483647;
+const TIMEOUT_MAX = INT4_MAX;
 
 /**
  * A registered task. Made by `app.task(...)` or `app.register(...)`.
@@ -141,12 +144,10 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
     const { queue = "default", maxAttempts = 3, timeout, priority = 0, backoff, args } = options;
     if (typeof queue !== "string" || !QUEUE_NAME.test(queue)) {
       throw new AkadzeError(
-        `${where}: queue must be 1-64 characters of letters, digits, _ . : -, got ${
-          JSON.stringify(queue)
-        }`,
+        `${where}: queue must be ${QUEUE_NAME_RULE}, got ${JSON.stringify(queue)}`,
       );
     }
-    if (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > MAX_ATTEMPTS_MAX) {
+    if (!isMaxAttempts(maxAttempts)) {
       throw new AkadzeError(
         `${where}: maxAttempts must be an integer from 1 to ${MAX_ATTEMPTS_MAX}, got ${maxAttempts}`,
       );
@@ -159,7 +160,7 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
         `${where}: timeout must be a positive number of milliseconds up to ${TIMEOUT_MAX}, got ${timeout}`,
       );
     }
-    if (!Number.isInteger(priority) || priority < PRIORITY_MIN || priority > PRIORITY_MAX) {
+    if (!isPriority(priority)) {
       throw new AkadzeError(
         `${where}: priority must be an integer from ${PRIORITY_MIN} to ${PRIORITY_MAX}, got ${priority}`,
       );
@@ -233,9 +234,14 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
 
 /** Task names: 1-200 printable characters. */
 function checkTaskName(name: unknown): asserts name is string {
-  if (typeof name !== "string" || name.length < 1 || name.length > 200 || /[\p{Cc}]/u.test(name)) {
+  if (
+    typeof name !== "string" || name.length < 1 || name.length > TASK_NAME_MAX ||
+    /[\p{Cc}]/u.test(name)
+  ) {
     throw new AkadzeError(
-      `task name must be a string of 1-200 printable characters, got ${JSON.stringify(name)}`,
+      `task name must be a string of 1-${TASK_NAME_MAX} printable characters, got ${
+        JSON.stringify(name)
+      }`,
     );
   }
 }

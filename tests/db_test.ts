@@ -3,7 +3,7 @@ import { userInfo } from "node:os";
 import postgres from "postgres";
 import { connect, describeError, isTransientError, quoteSchema, redact } from "../src/db.ts";
 import { AkadzeError } from "../src/errors.ts";
-import { installDriverGuard } from "../src/worker/driver_guard.ts";
+import { installDriverGuard } from "../src/driver_guard.ts";
 import { withDatabase } from "./_helpers.ts";
 
 Deno.test("redact removes URL passwords, password parameters and given secrets", () => {

@@ -5,7 +5,7 @@ import {
   isDriverError,
   isStraySocketError,
   isTypeFetchError,
-} from "../src/worker/driver_guard.ts";
+} from "../src/driver_guard.ts";
 import { Akadze } from "../src/app.ts";
 import { connect } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";

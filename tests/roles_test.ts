@@ -19,7 +19,7 @@ import {
   requeue,
   resumeQueue,
   setLimit,
-} from "../src/admin.ts";
+} from "../mod.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
 import { startWorker, waitFor, waitForJob, withDatabase } from "./_helpers.ts";
 import { extractBlocks } from "./_markdown.ts";

@@ -11,7 +11,7 @@ import type { JobInfo } from "../src/job.ts";
 import { migrate } from "../src/migrate.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Completer } from "../src/worker/completer.ts";
-import { isDriverError } from "../src/worker/driver_guard.ts";
+import { isDriverError } from "../src/driver_guard.ts";
 import type { WorkerOptions } from "../src/worker/config.ts";
 import { Worker, type WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";

@@ -5,7 +5,7 @@ import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import { migrate } from "../src/migrate.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
-import { installDriverGuard } from "../src/worker/driver_guard.ts";
+import { installDriverGuard } from "../src/driver_guard.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { type HeldLocks, holdLocks, waitFor, waitForLockWait, within } from "./_helpers.ts";

@@ -6,6 +6,7 @@
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { describeError, urlPassword } from "../db.ts";
+import { parseIntegerText } from "../rules.ts";
 import { safeText } from "./output.ts";
 
 /** A command-line usage error: printed as one line, exit code 2. */
@@ -87,4 +88,14 @@ export function reportError(error: unknown): number {
   const password = url ? urlPassword(url) : undefined;
   console.error(`error: ${safeText(describeError(error, password ? [password] : []))}`);
   return error instanceof UsageError ? 2 : 1;
+}
+
+/** An integer flag within `[min, max]` (a usage error otherwise). */
+export function integerFlag(flag: string, text: string, min: number, max: number): number {
+  return parseIntegerText(flag, text, { min, max, error: UsageError });
+}
+
+/** The number a seconds flag's text says (decimals allowed, no sign or exponent), else NaN. */
+export function secondsText(text: string): number {
+  return /^(?:\d+(?:\.\d*)?|\.\d+)$/.test(text) ? Number(text) : NaN;
 }

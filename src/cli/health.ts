@@ -15,11 +15,12 @@ import {
   type Sql,
   urlPassword,
 } from "../db.ts";
-import { checkQueueName } from "../enqueue.ts";
+import { readPausedQueues, readReadyJobs } from "../admin/queues.ts";
 import { AkadzeError } from "../errors.ts";
 import { type Horizon, readHorizon } from "../horizon.ts";
 import { pendingVersions } from "../migrate.ts";
-import { databaseUrl, parseFlags, UsageError } from "./common.ts";
+import { checkQueueName } from "../rules.ts";
+import { databaseUrl, integerFlag, parseFlags, secondsText, UsageError } from "./common.ts";
 import { heartbeatFiles } from "./heartbeat_files.ts";
 import { safeText } from "./output.ts";
 import { MAX_PROCESSES } from "./worker_flags.ts";
@@ -54,9 +55,6 @@ Database (AKADZE_DATABASE_URL): reachable, schema migrated, and per queue:
   --timeout S             give up (unhealthy) after S seconds (default ${DEFAULT_HEALTH_TIMEOUT})
 
   -h, --help              show this help`;
-
-const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
-const INTEGER = /^\d+$/;
 
 /** The result of a check: healthy or not, and the one line that says so. */
 export interface HealthReport {
@@ -151,29 +149,22 @@ export async function checkDatabase(
     };
   }
   const queues = options.queues && options.queues.length > 0 ? [...options.queues] : null;
-  const { rows, horizon } = await sql.begin("read only", async (tx) => {
-    await tx`set local statement_timeout = '5s'`;
-    const rows = await tx.unsafe(
-      `select j.queue, count(*)::int as ready,
-              greatest(extract(epoch from now() - min(j.run_at)), 0)::float8 as lag,
-              exists (select 1 from ${s}.queue_pauses p where p.queue = j.queue) as paused
-         from ${s}.jobs j
-        where j.state = 'queued' and j.run_at <= now()
-          and ($1::text[] is null or j.queue = any($1::text[]))
-        group by j.queue order by j.queue`,
-      [queues as never],
-    );
-    const horizon = options.maxTransactionAge === undefined
-      ? null
-      : await readHorizon(tx, { schema });
-    return { rows, horizon };
-  });
-  const ready: ReadyQueue[] = rows.map((r) => ({
-    queue: r.queue,
-    ready: r.ready,
-    lag: r.lag,
-    paused: r.paused,
-  }));
+  const { read, horizon } = await sql.begin(
+    "isolation level repeatable read read only",
+    async (tx) => {
+      await tx`set local statement_timeout = '5s'`;
+      const read = {
+        ready: await readReadyJobs(tx, s, queues),
+        pauses: await readPausedQueues(tx, s),
+      };
+      const horizon = options.maxTransactionAge === undefined
+        ? null
+        : await readHorizon(tx, { schema });
+      return { read, horizon };
+    },
+  );
+  const paused = new Set(read.pauses);
+  const ready: ReadyQueue[] = read.ready.map((r) => ({ ...r, paused: paused.has(r.queue) }));
   const problems: string[] = [];
   for (const q of ready) {
     const paused = q.paused ? " (paused)" : "";
@@ -286,7 +277,7 @@ export async function healthCommand(args: string[]): Promise<number> {
     if (path === "") throw new UsageError("--heartbeat-file needs a path");
     const processes = values.processes === undefined
       ? 1
-      : integer("--processes", values.processes, 1, MAX_PROCESSES);
+      : integerFlag("--processes", values.processes, 1, MAX_PROCESSES);
     const maxAge = values["max-age"] === undefined
       ? DEFAULT_MAX_AGE
       : positiveSeconds("--max-age", values["max-age"]);
@@ -305,7 +296,7 @@ export async function healthCommand(args: string[]): Promise<number> {
         : nonNegativeSeconds("--max-lag", values["max-lag"]),
       maxReady: values["max-ready"] === undefined
         ? undefined
-        : integer("--max-ready", values["max-ready"], 0, Number.MAX_SAFE_INTEGER),
+        : integerFlag("--max-ready", values["max-ready"], 0, Number.MAX_SAFE_INTEGER),
       maxTransactionAge: values["max-transaction-age"] === undefined
         ? undefined
         : nonNegativeSeconds("--max-transaction-age", values["max-transaction-age"]),
@@ -368,7 +359,7 @@ function seconds(ms: number): string {
 }
 
 function positiveSeconds(flag: string, text: string): number {
-  const value = SECONDS.test(text) ? Number(text) : NaN;
+  const value = secondsText(text);
   if (!(value > 0) || value > 2147483) {
     throw new UsageError(`${flag} must be a positive number of seconds, got "${text}"`);
   }
@@ -376,17 +367,9 @@ function positiveSeconds(flag: string, text: string): number {
 }
 
 function nonNegativeSeconds(flag: string, text: string): number {
-  const value = SECONDS.test(text) ? Number(text) : NaN;
+  const value = secondsText(text);
   if (!(value >= 0) || value > 2147483) {
     throw new UsageError(`${flag} must be a number of seconds, got "${text}"`);
   }
   return value;
-}
-
-function integer(flag: string, text: string, min: number, max: number): number {
-  const n = INTEGER.test(text) ? Number(text) : NaN;
-  if (!(n >= min && n <= max)) {
-    throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got "${text}"`);
-  }
-  return n;
 }

@@ -6,6 +6,7 @@
 import {
   cancelJobs,
   getJob,
+  isTaskFilter,
   type JobDetail,
   type JobFilter,
   type JobSummary,
@@ -13,15 +14,15 @@ import {
   requestCancel,
   requeue,
   requeueJobs,
-} from "../admin.ts";
+} from "../admin/jobs.ts";
 import type { JobState } from "../job.ts";
+import { JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { redact } from "../db.ts";
 import { runSecrets } from "../worker/error_entry.ts";
-import { UsageError } from "./common.ts";
+import { integerFlag, UsageError } from "./common.ts";
 import {
   DATABASE_FOOTER,
   dispatch,
-  integerFlag,
   jobIdArg,
   parseSubcommand,
   queueArg,
@@ -37,8 +38,6 @@ import {
   safeJson,
   safeText,
 } from "./output.ts";
-
-const STATES: readonly JobState[] = ["queued", "running", "succeeded", "failed", "cancelled"];
 
 /** Help text of `akadze jobs`. */
 export const JOBS_HELP = `Usage: akadze jobs <command> [options]
@@ -73,8 +72,8 @@ Job summaries (no arguments, result or errors), newest first (by id: the most re
 enqueued first).
 
 Options:
-${filterHelp(STATES.join(", "))}
-  --limit N       at most N jobs, 1 to 1000 (default 50)
+${filterHelp(JOB_STATES.join(", "))}
+  --limit N       at most N jobs, 1 to ${LIST_JOBS_MAX} (default 50)
   --json          a JSON array of objects with the keys id, task, queue, state, priority,
                   attempt, maxAttempts, runCount, runAt, createdAt, startedAt, finishedAt,
                   workerId, uniqueKey, limitKey, expiresAt, cancelRequested
@@ -218,8 +217,8 @@ function filterFlags(
 ): JobFilter | null {
   const filter: JobFilter = { schema };
   if (values.task !== undefined) {
-    if (values.task.length < 1 || values.task.length > 200) {
-      throw new UsageError(`--task must be a task name of 1 to 200 characters`);
+    if (!isTaskFilter(values.task)) {
+      throw new UsageError(`--task must be a task name of 1 to ${TASK_NAME_MAX} characters`);
     }
     filter.task = values.task;
   }
@@ -278,8 +277,10 @@ async function listCommand(args: string[]): Promise<number> {
   });
   if (!parsed) return 0;
   const { values, schema } = parsed;
-  const filter = filterFlags(values, STATES, schema) ?? { schema };
-  const limit = values.limit === undefined ? 50 : integerFlag("--limit", values.limit, 1, 1000);
+  const filter = filterFlags(values, JOB_STATES, schema) ?? { schema };
+  const limit = values.limit === undefined
+    ? 50
+    : integerFlag("--limit", values.limit, 1, LIST_JOBS_MAX);
   const jobs = await withSql((sql) => listJobs(sql, { ...filter, limit }));
   if (values.json) printJson(jobs.map(summaryJson));
   else printTable(LIST_COLUMNS, jobs);

@@ -9,14 +9,14 @@ import {
   type LimitSummary,
   listLimits,
   setLimit,
-} from "../admin.ts";
+} from "../admin/limits.ts";
 import { isSchemaMissing } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
-import { UsageError } from "./common.ts";
+import { INT4_MAX, isKeyLength, KEY_MAX_LENGTH, LIMIT_WINDOW_MAX } from "../rules.ts";
+import { integerFlag, UsageError } from "./common.ts";
 import {
   DATABASE_FOOTER,
   dispatch,
-  integerFlag,
   parseSubcommand,
   SCHEMA_OPTION,
   secondsFlag,
@@ -128,9 +128,6 @@ async function listCommand(args: string[]): Promise<number> {
   return 0;
 }
 
-const INT_MAX = 2147483647;
-const YEAR_MS = 366 * 86_400_000;
-
 async function setCommand(args: string[]): Promise<number> {
   const parsed = parseSubcommand(args, {
     "max-running": { type: "string" },
@@ -150,13 +147,13 @@ async function setCommand(args: string[]): Promise<number> {
     text === undefined ? undefined : text === "none" ? null : parse(text);
   limits.maxRunning = orNone(
     values["max-running"],
-    (t) => integerFlag("--max-running", t, 1, INT_MAX),
+    (t) => integerFlag("--max-running", t, 1, INT4_MAX),
   );
   limits.maxStarts = orNone(
     values["max-starts"],
-    (t) => integerFlag("--max-starts", t, 1, INT_MAX),
+    (t) => integerFlag("--max-starts", t, 1, INT4_MAX),
   );
-  limits.window = orNone(values.window, (t) => secondsFlag("--window", t, 1, YEAR_MS));
+  limits.window = orNone(values.window, (t) => secondsFlag("--window", t, 1, LIMIT_WINDOW_MAX));
   for (const name of ["maxRunning", "maxStarts", "window"] as const) {
     if (limits[name] === undefined) delete limits[name];
   }
@@ -195,7 +192,9 @@ async function clearCommand(args: string[]): Promise<number> {
 }
 
 function checkKey(key: string): void {
-  if (key.length === 0 || key.length > 500) {
-    throw new UsageError("KEY must be a non-empty limit key of at most 500 characters");
+  if (!isKeyLength(key)) {
+    throw new UsageError(
+      `KEY must be a non-empty limit key of at most ${KEY_MAX_LENGTH} characters`,
+    );
   }
 }

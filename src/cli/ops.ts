@@ -6,10 +6,10 @@
  * @module
  */
 import { connect, quoteSchema, type Sql } from "../db.ts";
-import { normalizeId } from "../admin.ts";
-import { QUEUE_NAME } from "../enqueue.ts";
+import { normalizeId } from "../admin/jobs.ts";
+import { QUEUE_NAME, QUEUE_NAME_RULE } from "../rules.ts";
 import type { ParseArgsConfig } from "node:util";
-import { databaseUrl, parseFlags, UsageError } from "./common.ts";
+import { databaseUrl, parseFlags, secondsText, UsageError } from "./common.ts";
 
 /** The `--schema` line of every operations command's help. */
 export const SCHEMA_OPTION = "  --schema NAME   schema of akadze's tables (default akadze)";
@@ -107,22 +107,10 @@ export function jobIdArg(text: string): string {
 export function queueArg(text: string, what = "queue name"): string {
   if (!QUEUE_NAME.test(text)) {
     throw new UsageError(
-      `${what} must be 1-64 characters of letters, digits, _ . : -, got "${text}"`,
+      `${what} must be ${QUEUE_NAME_RULE}, got "${text}"`,
     );
   }
   return text;
-}
-
-const INTEGER = /^\d+$/;
-const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
-
-/** An integer flag within `[min, max]`. */
-export function integerFlag(flag: string, text: string, min: number, max: number): number {
-  const n = INTEGER.test(text) ? Number(text) : NaN;
-  if (!(n >= min && n <= max)) {
-    throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got "${text}"`);
-  }
-  return n;
 }
 
 /**
@@ -130,7 +118,7 @@ export function integerFlag(flag: string, text: string, min: number, max: number
  * `[minMs, maxMs]`.
  */
 export function secondsFlag(flag: string, text: string, minMs: number, maxMs: number): number {
-  const ms = SECONDS.test(text) ? Math.round(Number(text) * 1000) : NaN;
+  const ms = Math.round(secondsText(text) * 1000);
   if (!(ms >= minMs && ms <= maxMs)) {
     throw new UsageError(
       `${flag} must be a number of seconds from ${minMs / 1000} to ${maxMs / 1000} ` +

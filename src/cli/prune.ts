@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { pruneJobs } from "../admin.ts";
+import { pruneJobs } from "../admin/prune.ts";
 import { DATABASE_FOOTER, parseSubcommand, SCHEMA_OPTION, secondsFlag, withSql } from "./ops.ts";
 
 const DEFAULT_OLDER_THAN_S = 7 * 86_400;

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { pauseQueue, type QueueSnapshot, queueSnapshot, resumeQueue } from "../admin.ts";
+import { pauseQueue, type QueueSnapshot, queueSnapshot, resumeQueue } from "../admin/queues.ts";
 import {
   DATABASE_FOOTER,
   dispatch,

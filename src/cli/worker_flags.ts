@@ -5,9 +5,10 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { MAX_POOL_SIZE } from "../env.ts";
+import { parsePoolSize } from "../env.ts";
+import { INT4_MAX, PORT_MAX, SLOTS_MAX } from "../rules.ts";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
-import { parseFlags, UsageError } from "./common.ts";
+import { integerFlag, parseFlags, secondsText, UsageError } from "./common.ts";
 import {
   LOG_FORMATS,
   LOG_LEVELS,
@@ -81,9 +82,7 @@ const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid", "budget
  * ten processes fit a default PostgreSQL (max_connections 100).
  */
 export const DEFAULT_WORKER_POOL_SIZE = 5;
-const MS_MAX = 2147483647;
-const SECONDS = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
-const INTEGER = /^\d+$/;
+const MS_MAX = INT4_MAX;
 
 /** The options part of the help of `worker` and `dev` (defaults from the Worker's). */
 export function workerFlagsHelp(): string {
@@ -150,7 +149,7 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
   }
   const processes = values.processes === undefined
     ? 1
-    : integer("--processes", values.processes, 1, MAX_PROCESSES);
+    : integerFlag("--processes", values.processes, 1, MAX_PROCESSES);
   if (processes > 1) {
     if (command !== "worker") {
       throw new UsageError(
@@ -172,27 +171,32 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     if (command !== "worker" || processes > 1) {
       throw new UsageError("--slot is set by the supervisor of --processes N on its workers");
     }
-    slot = integer("--slot", values.slot, 0, MAX_PROCESSES - 1);
+    slot = integerFlag("--slot", values.slot, 0, MAX_PROCESSES - 1);
   }
   if (values["supervisor-pid"] !== undefined) {
     if (slot === undefined) throw new UsageError("--supervisor-pid goes with --slot");
-    supervisorPid = integer("--supervisor-pid", values["supervisor-pid"], 1, 2 ** 31 - 1);
+    supervisorPid = integerFlag("--supervisor-pid", values["supervisor-pid"], 1, 2 ** 31 - 1);
   }
   let budgetProcesses: number | undefined;
   if (values["budget-processes"] !== undefined) {
     if (slot === undefined) throw new UsageError("--budget-processes goes with --slot");
-    budgetProcesses = integer("--budget-processes", values["budget-processes"], 1, MAX_PROCESSES);
+    budgetProcesses = integerFlag(
+      "--budget-processes",
+      values["budget-processes"],
+      1,
+      MAX_PROCESSES,
+    );
   }
   const poolSize = values["pool-size"] === undefined
     ? undefined
-    : integer("--pool-size", values["pool-size"], 1, MAX_POOL_SIZE);
+    : parsePoolSize(values["pool-size"], "--pool-size", UsageError);
   const worker: WorkerOptions = {};
   if (values.queue) worker.queues = values.queue.flatMap((q) => q.split(",")).map((q) => q.trim());
-  if (values.slots !== undefined) worker.slots = integer("--slots", values.slots, 1, 10_000);
+  if (values.slots !== undefined) worker.slots = integerFlag("--slots", values.slots, 1, SLOTS_MAX);
   if (values.fair) worker.fair = true;
   if (values.batch) worker.batch = true;
   if (values["max-jobs"] !== undefined) {
-    worker.maxJobs = integer("--max-jobs", values["max-jobs"], 1, Number.MAX_SAFE_INTEGER);
+    worker.maxJobs = integerFlag("--max-jobs", values["max-jobs"], 1, Number.MAX_SAFE_INTEGER);
   }
   const durations = [
     ["shutdown-timeout", "shutdownTimeout"],
@@ -218,11 +222,13 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     worker.heartbeatFile = values["heartbeat-file"];
   }
   if (values["metrics-port"] !== undefined) {
-    worker.metricsPort = integer("--metrics-port", values["metrics-port"], 0, 65_535);
-    if (worker.metricsPort + processes - 1 > 65_535) {
+    worker.metricsPort = integerFlag("--metrics-port", values["metrics-port"], 0, PORT_MAX);
+    if (worker.metricsPort + processes - 1 > PORT_MAX) {
       throw new UsageError(
         `--metrics-port ${worker.metricsPort} with --processes ${processes} needs ports up to ` +
-          `${worker.metricsPort + processes - 1}: choose a port at most ${65_536 - processes}`,
+          `${worker.metricsPort + processes - 1}: choose a port at most ${
+            PORT_MAX + 1 - processes
+          }`,
       );
     }
   }
@@ -276,7 +282,7 @@ function withoutSupervisorFlags(args: string[]): string[] {
 
 /** Seconds (decimals allowed) as whole milliseconds, at least 1 ms. */
 function seconds(flag: string, text: string): number {
-  const ms = SECONDS.test(text) ? Math.round(Number(text) * 1000) : NaN;
+  const ms = Math.round(secondsText(text) * 1000);
   if (!(ms >= 1) || ms > MS_MAX) {
     throw new UsageError(
       `${flag} must be a positive number of seconds (decimals allowed, at most ${
@@ -285,12 +291,4 @@ function seconds(flag: string, text: string): number {
     );
   }
   return ms;
-}
-
-function integer(flag: string, text: string, min: number, max: number): number {
-  const n = INTEGER.test(text) ? Number(text) : NaN;
-  if (!(n >= min && n <= max)) {
-    throw new UsageError(`${flag} must be an integer from ${min} to ${max}, got "${text}"`);
-  }
-  return n;
 }

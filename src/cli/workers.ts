@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { listWorkers, type WorkerSummary } from "../admin.ts";
+import { listWorkers, type WorkerSummary } from "../admin/workers.ts";
 import { DATABASE_FOOTER, dispatch, parseSubcommand, SCHEMA_OPTION, withSql } from "./ops.ts";
 import { type Column, isoTime, msToSeconds, printJson, printTable } from "./output.ts";
 

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { MAX_DELAY } from "../errors.ts";
+import { isDelay } from "../rules.ts";
 import type { Backoff } from "../task.ts";
 
 /** The longest default backoff (ms). */
@@ -13,11 +13,6 @@ export const BACKOFF_CAP = 300_000;
 export function defaultBackoff(attempt: number, random: () => number = Math.random): number {
   const base = Math.min(1000 * 2 ** Math.max(0, attempt - 1), BACKOFF_CAP);
   return Math.round(base * (0.9 + 0.2 * random()));
-}
-
-/** Whether `value` is a delay akadze can store: a number of milliseconds, 0 to MAX_DELAY. */
-export function isDelay(value: unknown): value is number {
-  return typeof value === "number" && value >= 0 && value <= MAX_DELAY;
 }
 
 /**

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { checkQueueName } from "../enqueue.ts";
+import { checkQueueName, INT4_MAX, isIntegerIn, PORT_MAX, SLOTS_MAX } from "../rules.ts";
 import { AkadzeError } from "../errors.ts";
 import { isPlainObject } from "../json.ts";
 
@@ -97,7 +97,7 @@ const NAMES = new Set([
   "metricsHost",
   "metricsQueueState",
 ]);
-const MS_MAX = 2147483647;
+const MS_MAX = INT4_MAX;
 
 /** Validate worker options against the defaults; `AkadzeError` with a precise message. */
 export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
@@ -113,7 +113,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   }
   for (const queue of queues) checkQueueName(queue);
   if (new Set(queues).size !== queues.length) throw new AkadzeError("queues has duplicates");
-  const slots = integer("slots", options.slots ?? WORKER_DEFAULTS.slots, 1, 10_000);
+  const slots = integer("slots", options.slots ?? WORKER_DEFAULTS.slots, 1, SLOTS_MAX);
   const ms = (name: keyof typeof WORKER_DEFAULTS & keyof WorkerOptions) => {
     const value = options[name] ?? WORKER_DEFAULTS[name];
     if (typeof value !== "number" || !(value > 0) || value > MS_MAX) {
@@ -133,7 +133,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
     : integer("maxJobs", options.maxJobs, 1, Number.MAX_SAFE_INTEGER);
   const metricsPort = options.metricsPort === undefined
     ? undefined
-    : integer("metricsPort", options.metricsPort, 0, 65_535);
+    : integer("metricsPort", options.metricsPort, 0, PORT_MAX);
   const metricsHost = options.metricsHost ?? WORKER_DEFAULTS.metricsHost;
   if (typeof metricsHost !== "string" || metricsHost.length === 0) {
     throw new AkadzeError("metricsHost must be a non-empty host name or address");
@@ -170,7 +170,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
 }
 
 function integer(name: string, value: unknown, min: number, max: number): number {
-  if (!Number.isInteger(value) || (value as number) < min || (value as number) > max) {
+  if (!isIntegerIn(value, min, max)) {
     throw new AkadzeError(`${name} must be an integer from ${min} to ${max}, got ${value}`);
   }
   return value as number;

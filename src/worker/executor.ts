@@ -9,12 +9,13 @@
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
 import { quoteSchema, type TransactionSql } from "../db.ts";
-import { AkadzeError, controlKind, MAX_DELAY } from "../errors.ts";
+import { AkadzeError, controlKind } from "../errors.ts";
+import { isDelay, MAX_DELAY } from "../rules.ts";
 import type { JobInfo } from "../job.ts";
 import { jsonProblem } from "../json.ts";
 import { formatIssues } from "../standard_schema.ts";
 import type { AnyTask } from "../task.ts";
-import { isDelay, nextDelay } from "./backoff.ts";
+import { nextDelay } from "./backoff.ts";
 import type { ClaimedJob } from "./claimer.ts";
 import type { Completer, Outcome } from "./completer.ts";
 import { errorEntry, MESSAGE_MAX, runSecrets, storableText } from "./error_entry.ts";

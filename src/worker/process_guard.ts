@@ -10,7 +10,7 @@
  */
 import { activeContext } from "../context.ts";
 import { isTransientError } from "../db.ts";
-import { isDriverError } from "./driver_guard.ts";
+import { isDriverError } from "../driver_guard.ts";
 
 /** An error that reached the process level, described without its message or stack. */
 export interface Stray {

@@ -8,6 +8,7 @@
  * @module
  */
 import { quoteSchema, type Sql } from "../db.ts";
+import { deleteOldJobsStatement } from "../old_jobs.ts";
 
 /** Settings of a {@linkcode Pruner}. */
 export interface PrunerConfig {
@@ -31,26 +32,6 @@ export interface PruneResult {
   periodicRuns: number;
   /** limit_starts marks. */
   limitStarts: number;
-}
-
-/**
- * The condition of a job that finished more than $1 milliseconds ago, `succeeded` or
- * `cancelled` (or `failed`, with `includeFailed`). The states are constants, so the
- * planner can prove that the partial index on `finished_at` applies.
- */
-export function oldJobsCondition(includeFailed: boolean): string {
-  const states = includeFailed ? `'succeeded', 'failed', 'cancelled'` : `'succeeded', 'cancelled'`;
-  return `state in (${states}) and finished_at < now() - $1::float8 * interval '1 millisecond'`;
-}
-
-/**
- * Delete up to $2 jobs of {@linkcode oldJobsCondition} from schema `s` (quoted), skipping
- * rows another session holds locked. The worker's pruner and `pruneJobs` both use it.
- */
-export function deleteOldJobsStatement(s: string, includeFailed: boolean): string {
-  return `delete from ${s}.jobs where id in (
-      select id from ${s}.jobs where ${oldJobsCondition(includeFailed)}
-       limit $2 for update skip locked)`;
 }
 
 /** Deletes old rows. */

@@ -1,0 +1,449 @@
+/**
+ * Operating jobs from code: list and show them, requeue failed ones, request cancellations.
+ * Writes take a `session` (a postgres.js instance or the caller's transaction) and run in
+ * it; reads take the app or a postgres.js instance and never change anything. Admin writes
+ * do not run the app's hooks.
+ *
+ * @module
+ */
+import {
+  atomically,
+  cancelChannel,
+  explainMissingSchema,
+  jobsChannel,
+  quoteSchema,
+  type TransactionSql,
+} from "../db.ts";
+import { AkadzeError, DuplicateJob } from "../errors.ts";
+import type { JobState } from "../job.ts";
+import { checkQueueName, isIntegerIn, JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
+import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
+
+/**
+ * Request the cancellation of a queued or running job, in the caller's transaction. A
+ * queued job is cancelled by the next claim pass; a running job's worker aborts its
+ * signal (NOTIFY at commit, or at its next heartbeat) and the job ends cancelled. Other
+ * states and unknown ids are a no-op. Returns whether a job was marked.
+ *
+ * @example
+ * ```ts ignore
+ * import { requestCancel } from "@akadze/akadze";
+ * await app.sql.begin((tx) => requestCancel(tx, jobId));
+ * ```
+ */
+export async function requestCancel(
+  session: Session,
+  jobId: string,
+  options: AdminOptions = {},
+): Promise<boolean> {
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const id = normalizeId(jobId);
+  const rows = await explainMissingSchema(schema, () =>
+    session.unsafe(
+      `with marked as (
+         update ${s}.jobs set cancel_requested_at = coalesce(cancel_requested_at, now())
+          where id = $1::bigint and state in ('queued', 'running')
+         returning id, state)
+       select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
+      [id, cancelChannel(schema)],
+    ));
+  return rows.length > 0;
+}
+
+/**
+ * The SET list that puts a failed job `j` back to `queued`: attempts, errors and arguments
+ * kept, one more attempt when its budget is spent, an expiry that has passed cleared.
+ * {@linkcode requeue} and {@linkcode requeueJobs} both use it.
+ */
+const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null, worker_id = null,
+  result = null, cancel_requested_at = null,
+  max_attempts = greatest(j.max_attempts, j.attempt + 1),
+  expires_at = case when j.expires_at <= now() then null else j.expires_at end`;
+
+/**
+ * Put a `failed` job back to `queued`, in the caller's transaction. It keeps its attempt
+ * count, errors and arguments; `maxAttempts` is raised to `attempt + 1` when needed (so it
+ * gets one more run), and `expiresAt` is cleared only if it has passed. A conflicting
+ * active `uniqueKey` raises `DuplicateJob`, the job stays failed and the caller's
+ * transaction stays usable. Any other state, or an unknown id, is an `AkadzeError`.
+ *
+ * @example
+ * ```ts ignore
+ * import { requeue } from "@akadze/akadze";
+ * await app.sql.begin((tx) => requeue(tx, "42"));
+ * ```
+ */
+export async function requeue(
+  session: Session,
+  jobId: string,
+  options: AdminOptions = {},
+): Promise<void> {
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const id = normalizeId(jobId);
+  const statement = `
+    with target as (
+      select id, state from ${s}.jobs where id = $1::bigint for update
+    ),
+    moved as (
+      update ${s}.jobs j set ${REQUEUE_SET}
+        from target where j.id = target.id and target.state = 'failed'
+      returning j.queue)
+    select (select state from target) as state,
+           (select pg_notify($2, queue) from moved) as notified,
+           (select count(*) from moved)::int as moved`;
+  let row: { state: string | null; moved: number };
+  try {
+    row = await explainMissingSchema(schema, () =>
+      atomically(session, async (tx) => {
+        const [r] = await tx.unsafe(statement, [id, jobsChannel(schema)]);
+        return r as unknown as { state: string | null; moved: number };
+      }));
+  } catch (error) {
+    if ((error as { code?: unknown }).code === "23505") {
+      throw new DuplicateJob(
+        `job ${id} cannot be requeued: another job with its uniqueKey is queued or running`,
+      );
+    }
+    throw error;
+  }
+  if (row.state === null) throw new AkadzeError(`job ${id} does not exist`);
+  if (row.moved === 0) throw new AkadzeError(`job ${id} is not failed (it is ${row.state})`);
+}
+
+/** A job without its arguments, result and errors, as `listJobs` returns it. */
+export interface JobSummary {
+  /** Job id. */
+  id: string;
+  /** Task name. */
+  task: string;
+  /** Queue. */
+  queue: string;
+  /** State. */
+  state: JobState;
+  /** Priority. */
+  priority: number;
+  /** Attempts spent. */
+  attempt: number;
+  /** Attempt budget. */
+  maxAttempts: number;
+  /** Claims so far. */
+  runCount: number;
+  /** When it is (was) ready. */
+  runAt: Date;
+  /** Enqueued at. */
+  createdAt: Date;
+  /** Last run started at. */
+  startedAt: Date | null;
+  /** Finished at. */
+  finishedAt: Date | null;
+  /** The worker running it. */
+  workerId: string | null;
+  /** Unique key. */
+  uniqueKey: string | null;
+  /** Limit key. */
+  limitKey: string | null;
+  /** Expiry. */
+  expiresAt: Date | null;
+  /** Whether a cancel was requested. */
+  cancelRequested: boolean;
+}
+
+/** Which jobs {@linkcode listJobs}, {@linkcode requeueJobs} and {@linkcode cancelJobs} take. */
+export interface JobFilter extends AdminOptions {
+  /** Only this task. */
+  task?: string;
+  /** Only this state. */
+  state?: JobState;
+  /** Only this queue. */
+  queue?: string;
+  /** Only jobs enqueued at or after this time (`created_at >= since`). */
+  since?: Date;
+}
+
+/** Options of {@linkcode listJobs}. */
+export interface ListJobsOptions extends JobFilter {
+  /** At most this many, 1..1000. Default 50. */
+  limit?: number;
+}
+
+const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, max_attempts,
+  run_count, run_at, created_at, started_at, finished_at, worker_id, unique_key, limit_key,
+  expires_at, cancel_requested_at is not null as cancel_requested`;
+
+/**
+ * Job summaries (no arguments, result or errors), newest first (by id: the order in which
+ * they were enqueued, latest first), filtered by task, state, queue and enqueue time.
+ *
+ * @example
+ * ```ts ignore
+ * import { listJobs } from "@akadze/akadze";
+ * const failed = await listJobs(app, { state: "failed", limit: 20 });
+ * ```
+ */
+export async function listJobs(db: Database, options: ListJobsOptions = {}): Promise<JobSummary[]> {
+  const [sql, s, schema] = readTarget(db, options);
+  const limit = options.limit ?? 50;
+  if (!isIntegerIn(limit, 1, LIST_JOBS_MAX)) {
+    throw new AkadzeError(`limit must be an integer from 1 to ${LIST_JOBS_MAX}, got ${limit}`);
+  }
+  const rows = await explainMissingSchema(schema, () =>
+    sql.unsafe(
+      `select ${SUMMARY_COLUMNS} from ${s}.jobs j where ${FILTER}
+        order by j.id desc limit $5`,
+      [...filterParams(options), limit],
+    ));
+  return rows.map(toSummary);
+}
+
+/**
+ * The WHERE condition of a {@linkcode JobFilter} on `jobs j`: parameters $1 task, $2
+ * state, $3 queue, $4 since (each null for no condition).
+ */
+const FILTER = `($1::text is null or j.task = $1) and ($2::text is null or j.state = $2)
+  and ($3::text is null or j.queue = $3) and ($4::timestamptz is null or j.created_at >= $4)`;
+
+/** The four parameters of {@linkcode FILTER}, validated; `AkadzeError` when one is wrong. */
+function filterParams(
+  filter: JobFilter,
+): [string | null, string | null, string | null, Date | null] {
+  const { task, state, queue, since } = filter;
+  if (task !== undefined && !isTaskFilter(task)) {
+    throw new AkadzeError(
+      `task must be a task name of 1 to ${TASK_NAME_MAX} characters, got ${JSON.stringify(task)}`,
+    );
+  }
+  if (state !== undefined && !JOB_STATES.includes(state)) {
+    throw new AkadzeError(`state must be one of ${JOB_STATES.join(", ")}, got ${state}`);
+  }
+  if (queue !== undefined) checkQueueName(queue);
+  if (since !== undefined && (!(since instanceof Date) || Number.isNaN(since.getTime()))) {
+    throw new AkadzeError("since must be a valid Date");
+  }
+  return [task ?? null, state ?? null, queue ?? null, since ?? null];
+}
+
+/**
+ * Whether `task` can stand in a {@linkcode JobFilter}: a string of 1 to
+ * {@linkcode TASK_NAME_MAX} characters (`akadze jobs --task` checks the same).
+ */
+export function isTaskFilter(task: unknown): task is string {
+  return typeof task === "string" && task.length >= 1 && task.length <= TASK_NAME_MAX;
+}
+
+/** What {@linkcode requeueJobs} did (or, with `dryRun`, would do). */
+export interface RequeueJobsResult {
+  /** Failed jobs put back to queued. */
+  requeued: number;
+  /**
+   * Ids of matching failed jobs left failed because another job with their `uniqueKey` is
+   * queued or running (or another matching job with that key was requeued instead).
+   */
+  skipped: string[];
+}
+
+/** Options of {@linkcode requeueJobs} and {@linkcode cancelJobs}. */
+export interface BulkOptions {
+  /** Count what would change, change nothing. Default false. */
+  dryRun?: boolean;
+}
+
+/**
+ * Put every `failed` job matching `filter` back to `queued`, in the caller's transaction,
+ * each as {@linkcode requeue} does it (attempts, errors and arguments kept, one more attempt
+ * when the budget was spent). A `state` other than `failed` is an `AkadzeError`. A job whose
+ * `uniqueKey` is held by a queued or running job stays failed and is reported in
+ * `skipped` (of several matching jobs with one key, the newest is requeued): one conflict
+ * does not stop the others. An empty filter takes every failed job.
+ *
+ * @example
+ * ```ts ignore
+ * import { requeueJobs } from "@akadze/akadze";
+ * const { requeued, skipped } = await app.sql.begin((tx) =>
+ *   requeueJobs(tx, { task: "send-email", since: new Date(Date.now() - 3_600_000) })
+ * );
+ * ```
+ */
+export async function requeueJobs(
+  session: Session,
+  filter: JobFilter = {},
+  options: BulkOptions = {},
+): Promise<RequeueJobsResult> {
+  if (filter.state !== undefined && filter.state !== "failed") {
+    throw new AkadzeError(`only failed jobs can be requeued, got state ${filter.state}`);
+  }
+  const schema = filter.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const params = filterParams({ ...filter, state: "failed" });
+  // Locked, then split: a job whose key is held (by an active job, or by a newer matching
+  // one) is skipped instead of failing the whole UPDATE on the unique index.
+  const select = `
+    with matched as (
+      select j.id, j.unique_key from ${s}.jobs j where ${FILTER} order by j.id for update
+    ),
+    ranked as (
+      select m.id, m.unique_key is not null and (
+          exists (select 1 from ${s}.jobs a where a.unique_key = m.unique_key
+                   and a.state in ('queued', 'running'))
+          or row_number() over (partition by m.unique_key order by m.id desc) > 1
+        ) as held
+        from matched m
+    )`;
+  const run = async (tx: TransactionSql): Promise<RequeueJobsResult> => {
+    const rows = options.dryRun
+      ? await tx.unsafe(`${select} select id::text as id, held from ranked`, params)
+      : await tx.unsafe(
+        `${select},
+         moved as (
+           update ${s}.jobs j set ${REQUEUE_SET}
+             from ranked r where j.id = r.id and not r.held
+           returning j.queue),
+         notified as (
+           select pg_notify($5, q.queue) from (select distinct queue from moved) q)
+         select r.id::text as id, r.held, (select count(*) from notified) as n from ranked r`,
+        [...params, jobsChannel(schema)],
+      );
+    const skipped = rows.filter((r) => r.held).map((r) => r.id as string);
+    return { requeued: rows.length - skipped.length, skipped };
+  };
+  try {
+    return await explainMissingSchema(schema, () => atomically(session, run));
+  } catch (error) {
+    if ((error as { code?: unknown }).code === "23505") {
+      throw new DuplicateJob(
+        "failed jobs cannot be requeued now: a job with one of their uniqueKeys was enqueued " +
+          "meanwhile; try again",
+      );
+    }
+    throw error;
+  }
+}
+
+/**
+ * Request the cancellation of every queued or running job matching `filter`, in the
+ * caller's transaction, each as {@linkcode requestCancel} does it. Jobs whose cancel was
+ * already requested are left as they are. A `state` other than `queued` or `running` is an
+ * `AkadzeError`. Returns how many jobs were marked (with `dryRun`: would be). An empty
+ * filter takes every queued and running job.
+ *
+ * @example
+ * ```ts ignore
+ * import { cancelJobs } from "@akadze/akadze";
+ * const marked = await app.sql.begin((tx) => cancelJobs(tx, { queue: "reports" }));
+ * ```
+ */
+export async function cancelJobs(
+  session: Session,
+  filter: JobFilter = {},
+  options: BulkOptions = {},
+): Promise<number> {
+  if (filter.state !== undefined && filter.state !== "queued" && filter.state !== "running") {
+    throw new AkadzeError(
+      `only queued or running jobs can be cancelled, got state ${filter.state}`,
+    );
+  }
+  const schema = filter.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const params = filterParams(filter);
+  const where = `${FILTER} and j.state in ('queued', 'running') and j.cancel_requested_at is null`;
+  const [row] = await explainMissingSchema(
+    schema,
+    () =>
+      options.dryRun
+        ? session.unsafe(`select count(*)::int as n from ${s}.jobs j where ${where}`, params)
+        : session.unsafe(
+          `with marked as (
+           update ${s}.jobs j set cancel_requested_at = now() where ${where}
+           returning j.id, j.state),
+         notified as (select pg_notify($5, m.id::text) from marked m where m.state = 'running')
+         select (select count(*)::int from marked) as n,
+                (select count(*)::int from notified) as notified`,
+          [...params, cancelChannel(schema)],
+        ),
+  );
+  return row.n as number;
+}
+
+/** One job in full, as `getJob` returns it. */
+export interface JobDetail extends JobSummary {
+  /** Snoozes so far. */
+  snoozes: number;
+  /**
+   * The last errors, oldest first: name, message, when, and where it was thrown (`stack`:
+   * one `at …` frame per line; absent for errors without one, such as `WorkerLost`).
+   */
+  errors: { error: string; message: string; at: string; stack?: string }[];
+  /** The arguments (only with `includeArgs`). */
+  args?: Record<string, unknown>;
+  /** The result (only with `includeResult`). */
+  result?: unknown;
+}
+
+/** Options of {@linkcode getJob}. */
+export interface GetJobOptions extends AdminOptions {
+  /** Include the arguments. Default false. */
+  includeArgs?: boolean;
+  /** Include the result. Default false. */
+  includeResult?: boolean;
+}
+
+/**
+ * One job with its error history (arguments and result only when asked), or null.
+ *
+ * @example
+ * ```ts ignore
+ * import { getJob } from "@akadze/akadze";
+ * const job = await getJob(app, "42");
+ * console.log(job?.state, job?.errors.at(-1)?.message);
+ * ```
+ */
+export async function getJob(
+  db: Database,
+  jobId: string,
+  options: GetJobOptions = {},
+): Promise<JobDetail | null> {
+  const [sql, s, schema] = readTarget(db, options);
+  const id = normalizeId(jobId);
+  const [row] = await explainMissingSchema(schema, () =>
+    sql.unsafe(
+      `select ${SUMMARY_COLUMNS}, snoozes, errors, args, result from ${s}.jobs where id = $1::bigint`,
+      [id],
+    ));
+  if (!row) return null;
+  const detail: JobDetail = { ...toSummary(row), snoozes: row.snoozes, errors: row.errors };
+  if (options.includeArgs) detail.args = row.args;
+  if (options.includeResult) detail.result = row.result;
+  return detail;
+}
+
+/** A job id as the database takes it; `AkadzeError` for anything but a decimal id. */
+export function normalizeId(jobId: string | number | bigint): string {
+  const id = String(jobId);
+  if (!/^[1-9]\d{0,18}$/.test(id) || BigInt(id) > 9223372036854775807n) {
+    throw new AkadzeError(`job id must be a positive decimal integer, got ${JSON.stringify(id)}`);
+  }
+  return id;
+}
+
+function toSummary(r: Record<string, unknown>): JobSummary {
+  return {
+    id: r.id as string,
+    task: r.task as string,
+    queue: r.queue as string,
+    state: r.state as JobState,
+    priority: r.priority as number,
+    attempt: r.attempt as number,
+    maxAttempts: r.max_attempts as number,
+    runCount: r.run_count as number,
+    runAt: r.run_at as Date,
+    createdAt: r.created_at as Date,
+    startedAt: r.started_at as Date | null,
+    finishedAt: r.finished_at as Date | null,
+    workerId: r.worker_id as string | null,
+    uniqueKey: r.unique_key as string | null,
+    limitKey: r.limit_key as string | null,
+    expiresAt: r.expires_at as Date | null,
+    cancelRequested: r.cancel_requested as boolean,
+  };
+}
