@@ -2,14 +2,14 @@
 // forgotten BEGIN) holds back the xmin horizon, so that nothing the queue deletes or updates
 // can be cleaned up while it lasts. Every system runs the same steady load on a fresh
 // database of one durable throwaway PostgreSQL, one after another: a producer enqueuing
-// single jobs at a fixed rate and one worker, first unpinned, then with a REPEATABLE READ
+// jobs at a fixed rate and one worker, first unpinned, then with a REPEATABLE READ
 // transaction held open in its database, then after that transaction ends. Writes
 // bench/results/<date>-horizon.json and .md (see bench/README.md).
 //
 //   deno task bench --scenario horizon [--entries akadze,graphile,graphile-batched,pgboss]
 //       [--rate 500] [--before 60] [--pinned 900] [--after 120] [--window 60]
 //       [--recovery-window 10] [--collapse-backlog 100000] [--collapse-p50 60]
-//       [--tick-ms 10] [--out FILE.json] [--pg name=value]...
+//       [--tick-ms 10] [--batch 100] [--out FILE.json] [--pg name=value]...
 //   deno task bench --scenario horizon --smoke   # akadze, rate 50, 3 + 5 + 5 s, writes nothing
 import postgres from "postgres";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
@@ -54,6 +54,8 @@ interface Flags {
   /** A rolling 10 s p50 above this many seconds stops the entry (collapsed). */
   collapseP50: number;
   tickMs: number;
+  /** Jobs per enqueue call at most. */
+  batch: number;
   out?: string;
   pg: Record<string, string>;
 }
@@ -61,7 +63,7 @@ interface Flags {
 const USAGE =
   "usage: deno task bench --scenario horizon [--smoke] [--entries KEY,...] [--rate R]\n" +
   "       [--before S] [--pinned S] [--after S] [--window S] [--recovery-window S]\n" +
-  "       [--collapse-backlog N] [--collapse-p50 S] [--tick-ms MS] [--out FILE.json]" +
+  "       [--collapse-backlog N] [--collapse-p50 S] [--tick-ms MS] [--batch N] [--out FILE.json]" +
   " [--pg name=value]...";
 
 class UsageError extends Error {}
@@ -80,6 +82,7 @@ function parseFlags(args: readonly string[]): Flags {
     collapseBacklog: 100_000,
     collapseP50: 60,
     tickMs: 10,
+    batch: 100,
     pg: {},
   };
   for (let i = 0; i < args.length; i++) {
@@ -140,6 +143,9 @@ function parseFlags(args: readonly string[]): Flags {
       case "--tick-ms":
         flags.tickMs = number(1);
         break;
+      case "--batch":
+        flags.batch = number(1);
+        break;
       case "--out":
         flags.out = value();
         break;
@@ -169,17 +175,21 @@ interface Entry {
 }
 
 const ENTRIES: readonly Entry[] = [
+  // One Worker with graphile-worker's concurrency, everything else akadze's defaults. With
+  // the default slots (1) a worker runs one job at a time, a claim and an outcome write per
+  // job: on a shared two-core machine that kept up with about 150 jobs/s, far below the
+  // rate, pinned or not (akadze-s1).
   {
     key: "akadze",
     system: "akadze",
-    label: "akadze (one Worker, default slots, default app pool)",
-    config: { app: {}, worker: {} },
-  },
-  {
-    key: "akadze-s10",
-    system: "akadze",
     label: "akadze (one Worker, slots 10, default app pool)",
     config: { app: {}, worker: { slots: 10 } },
+  },
+  {
+    key: "akadze-s1",
+    system: "akadze",
+    label: "akadze (one Worker, default slots (1), default app pool)",
+    config: { app: {}, worker: {} },
   },
   {
     key: "graphile",
@@ -271,6 +281,8 @@ interface EntryResult {
   config: Record<string, unknown>;
   ok: boolean;
   errors: string[];
+  /** What the reader should know that does not invalidate the run. */
+  notes: string[];
   /** Set when the entry was stopped before its end (collapsed, or the driver failed). */
   stopped: { phase: Phase; minute: number; reason: string } | null;
   pin: { backend_xmin: string | null; xid_age_at_commit: number | null; held_s: number | null };
@@ -316,6 +328,7 @@ async function runEntry(
     config: entry.config,
     ok: false,
     errors: [],
+    notes: [],
     stopped: null,
     pin: { backend_xmin: null, xid_age_at_commit: null, held_s: null },
     windows: [],
@@ -336,6 +349,7 @@ async function runEntry(
       url,
       rate: flags.rate,
       tickMs: flags.tickMs,
+      batch: flags.batch,
       app: entry.config.app as SteadySpec["app"],
       worker: entry.config.worker as SteadySpec["worker"],
     };
@@ -349,6 +363,7 @@ async function runEntry(
       DATABASE_URL: url,
       RATE: String(flags.rate),
       TICK_MS: String(flags.tickMs),
+      ENQUEUE_BATCH: String(flags.batch),
     });
     for (const [k, v] of Object.entries(entry.config)) env[k] = String(v);
   }
@@ -626,7 +641,10 @@ async function runEntry(
     if (Number(d.failed) > 0) result.errors.push(`${d.failed} enqueues failed`);
     if (Number(d.duplicates) > 0) result.errors.push(`${d.duplicates} jobs started twice`);
     if (!result.stopped && Number(d.missing) > 0) {
-      result.errors.push(`${d.missing} enqueued jobs had not started 30 s after the run`);
+      // Lost jobs if the system had recovered; otherwise it was still catching up.
+      const what = `${fmt(Number(d.missing))} enqueued jobs had not started 30 s after the run`;
+      if (result.check?.recovery_s != null) result.errors.push(what);
+      else result.notes.push(`${what} (it had not recovered)`);
     }
   }
   if (result.stopped && !/^(backlog|p50|no job)/.test(result.stopped.reason)) {
@@ -763,8 +781,9 @@ function markdown(report: Report): string {
     );
   }
   lines.push(
-    `Load: ${fmt(p.rate)} no-op jobs/s, enqueued one per call by a producer ticking every ` +
-      `${p.tickMs} ms (open loop: it enqueues what is due, whatever the worker does), one ` +
+    `Load: ${fmt(p.rate)} no-op jobs/s, enqueued by a producer ticking every ${p.tickMs} ms ` +
+      `(open loop: each tick enqueues the jobs due since the last, whatever the worker does, ` +
+      `${p.batch === 1 ? "one job per call" : `in calls of at most ${p.batch} jobs`}), one ` +
       `worker; producer and worker share one process per system, each on a pool of its own. ` +
       `Phases: ${p.before} s unpinned, ${p.pinned} s with a REPEATABLE READ transaction held ` +
       `open in the system's database (\`BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT ...\`, ` +
@@ -854,7 +873,8 @@ function markdown(report: Report): string {
         "",
       );
     }
-    if (e.errors.length) lines.push(...e.errors.map((x) => `- error: ${x}`), "");
+    const remarks = [...e.errors.map((x) => `error: ${x}`), ...e.notes];
+    if (remarks.length) lines.push(...remarks.map((x) => `- ${x}`), "");
     lines.push(
       "| phase | s | enqueued | started | p50 | p99 | max | backlog end (max) | PostgreSQL CPU ms/1,000 jobs (% of a core) | driver CPU ms/1,000 jobs (%) | dead tuples | DB MiB | other CPU % | load |",
       "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",

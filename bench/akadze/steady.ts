@@ -1,5 +1,5 @@
 // akadze's driver of the pinned-horizon scenario (bench/horizon.ts): one producer app
-// enqueuing single jobs at a steady rate and one Worker on an app of its own, both in this
+// enqueuing at a steady rate and one Worker on an app of its own, both in this
 // process, talking the protocol of bench/peers/steady.mjs. Started with a JSON spec as
 // argument.
 import { Akadze, migrate, Worker, type WorkerOptions } from "../../mod.ts";
@@ -13,6 +13,8 @@ export interface SteadySpec {
   rate: number;
   /** The producer's tick, ms. */
   tickMs: number;
+  /** Jobs per enqueue call at most (1: `enqueue`, else `enqueueMany`). */
+  batch: number;
   /** The worker's app (empty: `new Akadze({ databaseUrl })`, what a user gets). */
   app: WorkerAppSpec;
   /** The Worker's options (empty: its defaults). */
@@ -21,7 +23,7 @@ export interface SteadySpec {
 
 const spec: SteadySpec = JSON.parse(Deno.args[0]);
 await migrate(spec.url);
-const steady = createSteady({ rate: spec.rate, tickMs: spec.tickMs });
+const steady = createSteady({ rate: spec.rate, tickMs: spec.tickMs, batch: spec.batch });
 
 // The producer is an app of its own, as a web process enqueuing jobs would be.
 const producer = new Akadze({ databaseUrl: spec.url });
@@ -37,7 +39,8 @@ await Promise.all([producer.sql`select 1`, app.sql`select 1`]);
 await new Promise((r) => setTimeout(r, 1_000));
 
 await steady.run(
-  (args: { t0: number; seq: number }) => noop.enqueue(args),
+  (jobs: { t0: number; seq: number }[]) =>
+    jobs.length === 1 ? noop.enqueue(jobs[0]) : noop.enqueueMany(jobs),
   async () => {
     stopping = true;
     worker.stop();

@@ -1,8 +1,9 @@
 // The peers' driver of the pinned-horizon scenario (bench/horizon.ts): a producer enqueuing
-// single jobs at a steady rate and one worker, both in this Node process, talking the
+// at a steady rate and one worker, both in this Node process, talking the
 // protocol of steady.mjs. Settings from the environment:
 //   SYSTEM   graphile | pgboss
-//   DATABASE_URL, RATE (jobs/s), TICK_MS (producer tick)
+//   DATABASE_URL, RATE (jobs/s), TICK_MS (producer tick), ENQUEUE_BATCH (jobs per call at
+//   most; 1: single-job calls)
 //   graphile: CONC (concurrentJobs), LQ (localQueue size, -1 off), BATCH
 //             (complete/failJobBatchDelay ms, -1 off)
 //   pgboss:   CONC (localConcurrency), BATCH (batchSize)
@@ -12,8 +13,12 @@ import { createSteady } from "./steady.mjs";
 
 const env = process.env;
 const url = env.DATABASE_URL;
-const steady = createSteady({ rate: Number(env.RATE ?? 500), tickMs: Number(env.TICK_MS ?? 10) });
 const num = (name, fallback) => Number(env[name] ?? fallback);
+const steady = createSteady({
+  rate: num("RATE", 500),
+  tickMs: num("TICK_MS", 10),
+  batch: num("ENQUEUE_BATCH", 100),
+});
 
 if (env.SYSTEM === "graphile") {
   const quiet = new Logger(() => () => {});
@@ -23,7 +28,7 @@ if (env.SYSTEM === "graphile") {
   const worker = { connectionString: url, concurrentJobs: num("CONC", 10) };
   if (LQ > 0) worker.localQueue = { size: LQ };
   if (BATCH >= 0) Object.assign(worker, { completeJobBatchDelay: BATCH, failJobBatchDelay: BATCH });
-  // The producer: WorkerUtils.addJob, what an application enqueuing a job calls.
+  // The producer: WorkerUtils.addJob / addJobs, what an application enqueuing jobs calls.
   const utils = await makeWorkerUtils({ connectionString: url, logger: quiet });
   await utils.migrate();
   const runner = await run({
@@ -35,7 +40,10 @@ if (env.SYSTEM === "graphile") {
   });
   let stopping = false;
   await steady.run(
-    (args) => utils.addJob("noop", args),
+    (jobs) =>
+      jobs.length === 1
+        ? utils.addJob("noop", jobs[0])
+        : utils.addJobs(jobs.map((payload) => ({ identifier: "noop", payload }))),
     async () => {
       stopping = true;
       await runner.stop();
@@ -68,7 +76,10 @@ if (env.SYSTEM === "graphile") {
     },
   );
   await steady.run(
-    (args) => producer.send(Q, args),
+    (jobs) =>
+      jobs.length === 1
+        ? producer.send(Q, jobs[0])
+        : producer.insert(Q, jobs.map((data) => ({ data }))),
     async () => {
       await boss.offWork(Q);
       await boss.stop({ graceful: false, wait: false });

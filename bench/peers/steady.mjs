@@ -1,6 +1,6 @@
 // The steady-rate run of the pinned-horizon scenario (bench/horizon.ts), the same for every
-// system: an open-loop producer issuing single-job enqueues at a fixed rate, and the
-// bookkeeping of the handler starts. Plain JavaScript so that the peers' Node drivers and
+// system: an open-loop producer enqueuing at a fixed rate (every tick the jobs due since the
+// last, in calls of at most `batch` jobs), and the bookkeeping of the handler starts. Plain JavaScript so that the peers' Node drivers and
 // akadze's Deno driver run this very code (bench/.peers/drivers/ holds a copy for Node).
 //
 // Talks JSON lines on stdout, reads commands on stdin:
@@ -26,13 +26,15 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 /**
  * The producer and the start bookkeeping of one run.
  *
- * @param {{ rate: number, tickMs?: number, reportMs?: number, maxInFlight?: number }} options
- *   jobs per second; producer tick (ms); tick report interval (ms); enqueues in flight at
- *   most (beyond it the producer waits, and catches up once they complete)
+ * @param {{ rate: number, tickMs?: number, batch?: number, reportMs?: number, maxInFlight?: number }} options
+ *   jobs per second; producer tick (ms); jobs per enqueue call at most; tick report interval
+ *   (ms); jobs in flight at most (beyond it the producer waits, and catches up once they
+ *   complete)
  */
 export function createSteady(options) {
   const rate = options.rate;
   const tickMs = options.tickMs ?? 10;
+  const batch = Math.max(1, options.batch ?? 100);
   const reportMs = options.reportMs ?? 250;
   const maxInFlight = options.maxInFlight ?? Math.max(100, rate * 5);
   let seen = new Uint8Array(1 << 16);
@@ -72,7 +74,8 @@ export function createSteady(options) {
   /**
    * Run the protocol above; resolves after "done" was printed.
    *
-   * @param {(args: { t0: number, seq: number }) => Promise<unknown>} enqueue one job
+   * @param {(jobs: { t0: number, seq: number }[]) => Promise<unknown>} enqueue these jobs
+   *   (one call, one transaction)
    * @param {() => Promise<void>} stopWorker stop the worker and close the pools
    * @param {Promise<unknown>} [workerExit] settles when the worker stops by itself
    */
@@ -114,17 +117,21 @@ export function createSteady(options) {
       const tick = () => {
         const due = Math.floor((performance.now() - origin) * rate / 1000) - issued;
         const n = Math.min(due, maxInFlight - inFlight);
-        for (let i = 0; i < n; i++) {
-          const seq = issued++;
-          inFlight++;
-          enqueue({ t0: wallMs(), seq }).then(
+        for (let i = 0; i < n; i += batch) {
+          const t0 = wallMs();
+          const jobs = Array.from(
+            { length: Math.min(batch, n - i) },
+            () => ({ t0, seq: issued++ }),
+          );
+          inFlight += jobs.length;
+          enqueue(jobs).then(
             () => {
-              inFlight--;
-              enqueued++;
+              inFlight -= jobs.length;
+              enqueued += jobs.length;
             },
             (error) => {
-              inFlight--;
-              failed++;
+              inFlight -= jobs.length;
+              failed += jobs.length;
               firstError ??= error?.message ?? String(error);
             },
           );
