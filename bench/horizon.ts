@@ -272,6 +272,8 @@ interface Check {
   p99_ok: boolean | null;
   recovery_s: number | null;
   recovery_ok: boolean | null;
+  /** From the COMMIT to the first backlog sample at the unpinned level. */
+  backlog_cleared_s: number | null;
 }
 
 interface EntryResult {
@@ -625,11 +627,14 @@ async function runEntry(
   }
 
   if (phaseStart.pinned !== undefined) {
+    // The pinned phase ended as planned when the after phase began (its COMMIT done); the
+    // recovery is measured only when the after phase ran to its end.
+    const afterBegan = phaseStart.after !== undefined;
     result.check = checkOf(ticks, result.windows, flags, {
       go,
       pinnedAt: phaseStart.pinned,
-      committedAt: result.stopped ? 0 : committedAt,
-      afterEnd: phaseStart.after !== undefined ? phaseStart.after + flags.after * 1000 : 0,
+      committedAt: afterBegan ? committedAt : 0,
+      afterEnd: afterBegan && !result.stopped ? phaseStart.after! + flags.after * 1000 : 0,
     });
   }
 
@@ -699,15 +704,20 @@ function checkOf(
 
   // Recovery: the first rolling window after the commit with p50 <= 1.5 x the unpinned p50
   // and no backlog above the unpinned level; reported from its start.
-  let recovery: number | null = null;
-  if (completed && baseline.p50_ms !== null) {
-    const backlogLevel = Math.max(baseline.backlog_max, Math.ceil(flags.rate / 100));
-    const after = ticks.filter((x) => x.t >= at.committedAt);
+  let recovery: number | null = null, cleared: number | null = null;
+  const recoverable = completed && at.afterEnd > 0;
+  const backlogLevel = Math.max(baseline.backlog_max, Math.ceil(flags.rate / 100));
+  const after = ticks.filter((x) => x.t >= at.committedAt && x.t <= at.afterEnd + 300);
+  if (recoverable) {
+    const first = after.find((x) => x.enqueued - x.started <= backlogLevel);
+    if (first) cleared = Math.round((first.t - at.committedAt) / 100) / 10;
+  }
+  if (recoverable && baseline.p50_ms !== null) {
     const span = flags.recoveryWindow * 1000;
     for (let s = 0; s < after.length; s++) {
       const from = s === 0 ? at.committedAt : after[s - 1].t;
       const e = after.findIndex((x) => x.t >= from + span);
-      if (e < 0 || (at.afterEnd && after[e].t > at.afterEnd + 300)) break;
+      if (e < 0 || after[e].t > at.afterEnd + 300) break;
       const inside = after.slice(s, e + 1);
       const p50 = quantile(sortedLatencies(inside), 0.5);
       const backlog = Math.max(...inside.map((x) => x.enqueued - x.started));
@@ -728,7 +738,8 @@ function checkOf(
     p50_ok: ratio === null ? (completed ? null : false) : ratio <= 3,
     p99_ok: end?.p99_ms != null ? end.p99_ms <= 100 : (completed ? null : false),
     recovery_s: recovery,
-    recovery_ok: completed ? recovery !== null && recovery <= 60 : false,
+    recovery_ok: recoverable ? recovery !== null && recovery <= 60 : false,
+    backlog_cleared_s: cleared,
   };
 }
 
@@ -796,8 +807,8 @@ function markdown(report: Report): string {
 
   lines.push("## Summary", "");
   lines.push(
-    "| entry | unpinned p50 / p99 | end of pinned p50 / p99 | p50 ratio | backlog at end of pinned | backlog trend, jobs/min | PostgreSQL CPU ms/1,000 jobs, unpinned → end of pinned | recovery | stopped |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    "| entry | unpinned p50 / p99 | end of pinned p50 / p99 | p50 ratio | backlog at end of pinned | backlog trend, jobs/min | PostgreSQL CPU ms/1,000 jobs, unpinned → end of pinned | backlog cleared | recovery | stopped |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
   );
   for (const e of report.entries) {
     const c = e.check;
@@ -811,6 +822,12 @@ function markdown(report: Report): string {
       } | ${fmt(c?.backlog_slope_per_min ?? null, 1)} | ${
         fmt(before?.pg_cpu_ms_per_1k ?? null)
       } → ${fmt(pinned?.pg_cpu_ms_per_1k ?? null)} | ${
+        c?.backlog_cleared_s != null
+          ? `${fmt(c.backlog_cleared_s, 1)} s`
+          : e.stopped
+          ? "–"
+          : `not within ${p.after} s`
+      } | ${
         c?.recovery_s != null
           ? `${fmt(c.recovery_s, 1)} s`
           : e.stopped
@@ -903,7 +920,7 @@ function markdown(report: Report): string {
       "(sampled every 250 ms) over the pinned phase. Recovery = from the COMMIT to the start " +
       `of the first rolling ${p.recoveryWindow} s window whose p50 is ≤ 1.5 × the unpinned ` +
       "p50 and whose backlog never exceeds the unpinned maximum (at least 1 % of a second's " +
-      "jobs). CPU = /proc utime+stime over the window: PostgreSQL = all server processes " +
+      "jobs); backlog cleared = from the COMMIT to the first backlog sample at that level. CPU = /proc utime+stime over the window: PostgreSQL = all server processes " +
       "(including exited ones), driver = the process running the producer and the worker; " +
       "per 1,000 jobs started in the window. Dead tuples and DB size = " +
       "pg_stat_user_tables.n_dead_tup and pg_total_relation_size summed over the database's " +
