@@ -7,12 +7,24 @@
 //                   [--idle 30] [--latency-worker in-process|process]
 //                   [--timeout 900] [--entries akadze,graphile,...] [--pg name=value]...
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
+//   deno task bench --scenario horizon [...]   # the pinned-horizon scenario, bench/horizon.ts
 import postgres from "postgres";
 import { migrate } from "../mod.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";
+import { killGroup, release, track, wasInterrupted } from "./lib/children.ts";
 import { LineReader, LineWriter } from "./lib/lines.ts";
+import {
+  environmentLines,
+  machineCpu,
+  type MachineInfo,
+  machineInfo,
+  ownTreeCpuMs,
+  type PostgresInfo,
+  postgresInfo,
+} from "./lib/machine.ts";
+import { ensurePeers, NODE, PEERS_DIR } from "./lib/peers.ts";
 import { CLK_TCK, cpuMs, postgresCpuMs, readPostmasterPid } from "./lib/proc.ts";
 import {
   cell,
@@ -28,9 +40,6 @@ import {
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const BENCH = `${ROOT}/bench`;
-const PEERS_DIR = `${BENCH}/.peers`;
-const NODE = `${PEERS_DIR}/node_modules/.bin/node`;
-const PEER_PACKAGES = ["node@22", "graphile-worker@0.18", "pg-boss@12", "pg"];
 
 // ---------------------------------------------------------------------------------------
 // Flags
@@ -307,30 +316,7 @@ function entriesFor(flags: Flags): Entry[] {
 }
 
 // ---------------------------------------------------------------------------------------
-// Child processes: each driver runs in its own process group, killed whole on timeout or
-// interrupt, so nothing outlives the run.
-
-let current: Deno.ChildProcess | null = null;
-let interrupted = false;
-
-function killGroup(child: Deno.ChildProcess): void {
-  try {
-    Deno.kill(-child.pid, "SIGKILL");
-  } catch {
-    try {
-      child.kill("SIGKILL");
-    } catch {
-      // already gone
-    }
-  }
-}
-
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  Deno.addSignalListener(signal, () => {
-    interrupted = true;
-    if (current) killGroup(current);
-  });
-}
+// Child processes: each driver runs in its own process group (bench/lib/children.ts).
 
 /** Run a driver; resolves to its BENCH_RESULT object. */
 async function runDriver(
@@ -349,7 +335,7 @@ async function runDriver(
     stderr: "inherit",
     detached: true,
   }).spawn();
-  current = child;
+  track(child);
   let timedOut = false;
   const timer = setTimeout(() => {
     timedOut = true;
@@ -363,174 +349,15 @@ async function runDriver(
       else if (line.trim()) console.error(`  [${name}] ${line}`);
     }
     const status = await child.status;
-    if (interrupted) throw new Error("interrupted");
+    if (wasInterrupted()) throw new Error("interrupted");
     if (timedOut) throw new Error(`${name} did not finish within ${timeoutMs / 1000} s`);
     if (!status.success) throw new Error(`${name} exited with code ${status.code}`);
     if (!result) throw new Error(`${name} printed no result`);
     return result;
   } finally {
     clearTimeout(timer);
-    killGroup(child); // its worker process too, should it linger
-    current = null;
+    release(child); // its worker process too, should it linger
   }
-}
-
-// ---------------------------------------------------------------------------------------
-// Machine and server facts.
-
-async function readText(path: string): Promise<string> {
-  try {
-    return await Deno.readTextFile(path);
-  } catch {
-    return "";
-  }
-}
-
-/** Busy and steal CPU time of the whole machine so far, ms (from /proc/stat). */
-async function machineCpu(): Promise<{ busy: number; steal: number }> {
-  const line = (await readText("/proc/stat")).split("\n")[0];
-  const [user, nice, system, _idle, _iowait, irq, softirq, steal] = line.split(/\s+/).slice(1)
-    .map(Number);
-  const ms = (ticks: number) => ticks * 1000 / CLK_TCK;
-  return { busy: ms(user + nice + system + irq + softirq), steal: ms(steal) };
-}
-
-async function ownTreeCpuMs(): Promise<number> {
-  const text = await readText("/proc/self/stat");
-  const f = text.slice(text.lastIndexOf(")") + 2).split(" ");
-  return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * 1000 / CLK_TCK;
-}
-
-/** Median latency of an 8 KiB write + fdatasync in the directory PostgreSQL's data is in. */
-async function fsyncMs(dir: string): Promise<number> {
-  const path = await Deno.makeTempFile({ dir, prefix: "bench-fsync-" });
-  const file = await Deno.open(path, { write: true });
-  const block = new Uint8Array(8192).fill(7);
-  const times: number[] = [];
-  try {
-    for (let i = 0; i < 200; i++) {
-      await file.seek(0, Deno.SeekMode.Start);
-      const t = performance.now();
-      await file.write(block);
-      await file.syncData();
-      times.push(performance.now() - t);
-    }
-  } finally {
-    file.close();
-    await Deno.remove(path);
-  }
-  return summarize(times).median ?? NaN;
-}
-
-/** The commit the run measured, and which of akadze's source files differ from it. */
-async function gitInfo(): Promise<{ commit: string; modified: string[] }> {
-  const git = async (...args: string[]) => {
-    try {
-      const out = await new Deno.Command("git", { args, cwd: ROOT, stderr: "null" }).output();
-      return out.success ? new TextDecoder().decode(out.stdout).trim() : "";
-    } catch {
-      return "";
-    }
-  };
-  const status = await git("status", "--porcelain", "--", "src", "migrations", "mod.ts");
-  return {
-    commit: await git("rev-parse", "--short", "HEAD") || "unknown",
-    modified: status ? status.split("\n").map((l) => l.slice(3)) : [],
-  };
-}
-
-async function machineInfo(dataDir: string) {
-  const cpuinfo = await readText("/proc/cpuinfo");
-  const meminfo = await readText("/proc/meminfo");
-  const memKb = Number(/^MemTotal:\s+(\d+)/m.exec(meminfo)?.[1] ?? NaN);
-  return {
-    cpu_model: /^model name\s*:\s*(.+)$/m.exec(cpuinfo)?.[1] ?? "unknown",
-    cores: navigator.hardwareConcurrency,
-    ram_gib: Math.round(memKb / 1024 / 1024 * 10) / 10,
-    os: `${Deno.build.os} ${Deno.osRelease()}`,
-    deno: Deno.version.deno,
-    git: await gitInfo(),
-    fsync_8k_ms: Math.round(await fsyncMs(dataDir) * 1000) / 1000,
-    loadavg_at_start: (await readText("/proc/loadavg")).split(" ").slice(0, 3).join(" "),
-  };
-}
-
-const PG_SETTINGS = [
-  "shared_buffers",
-  "synchronous_commit",
-  "fsync",
-  "full_page_writes",
-  "wal_level",
-  "max_wal_size",
-  "checkpoint_timeout",
-  "max_connections",
-  "work_mem",
-  "jit",
-  "autovacuum",
-  "shared_preload_libraries",
-];
-
-async function postgresInfo(admin: postgres.Sql) {
-  const [{ version }] = await admin`select version()`;
-  const rows = await admin`
-    select name, setting, unit from pg_settings where name = any(${PG_SETTINGS}) order by name`;
-  const settings: Record<string, string> = {};
-  for (const r of rows) settings[r.name] = r.unit ? `${r.setting} (${r.unit})` : r.setting;
-  return { version, settings };
-}
-
-// ---------------------------------------------------------------------------------------
-// Peers: installed once into bench/.peers (ignored by git), reused while versions match.
-
-async function peerVersions(): Promise<Record<string, string> | null> {
-  try {
-    const out = await new Deno.Command(NODE, { args: ["--version"], stderr: "null" }).output();
-    const node = new TextDecoder().decode(out.stdout).trim();
-    const pkg = async (name: string) =>
-      JSON.parse(await Deno.readTextFile(`${PEERS_DIR}/node_modules/${name}/package.json`))
-        .version as string;
-    const versions = {
-      node,
-      "graphile-worker": await pkg("graphile-worker"),
-      "pg-boss": await pkg("pg-boss"),
-      pg: await pkg("pg"),
-    };
-    const major = Number(/^v(\d+)/.exec(node)?.[1]);
-    if (
-      major >= 22 && versions["graphile-worker"].startsWith("0.18.") &&
-      versions["pg-boss"].startsWith("12.")
-    ) return versions;
-  } catch {
-    // not installed
-  }
-  return null;
-}
-
-async function ensurePeers(): Promise<Record<string, string>> {
-  let versions = await peerVersions();
-  if (!versions) {
-    console.error(`installing ${PEER_PACKAGES.join(" ")} into bench/.peers (once) ...`);
-    await Deno.mkdir(PEERS_DIR, { recursive: true });
-    const manifest = `${PEERS_DIR}/package.json`;
-    if (!(await readText(manifest))) {
-      await Deno.writeTextFile(manifest, '{ "name": "akadze-bench-peers", "private": true }\n');
-    }
-    const out = await new Deno.Command("npm", {
-      args: ["install", "--no-audit", "--no-fund", "--loglevel=error", ...PEER_PACKAGES],
-      cwd: PEERS_DIR,
-      stdout: "inherit",
-      stderr: "inherit",
-    }).output();
-    if (!out.success) throw new Error(`npm install in bench/.peers failed (${out.code})`);
-    versions = await peerVersions();
-    if (!versions) throw new Error("the peers did not install as expected (Node >= 22 missing?)");
-  }
-  // Node resolves the packages from bench/.peers/node_modules when the scripts sit there.
-  await Deno.mkdir(`${PEERS_DIR}/drivers`, { recursive: true });
-  for (const name of ["common.mjs", "graphile.mjs", "pgboss.mjs"]) {
-    await Deno.copyFile(`${BENCH}/peers/${name}`, `${PEERS_DIR}/drivers/${name}`);
-  }
-  return versions;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -663,7 +490,7 @@ async function idleCpu(
     stderr: "inherit",
     detached: true,
   }).spawn();
-  current = child;
+  track(child);
   const lines = new LineReader(child.stdout);
   const stdin = new LineWriter(child.stdin);
   try {
@@ -672,7 +499,7 @@ async function idleCpu(
     const cpu0 = await cpuMs(child.pid);
     const pg0 = await postgresCpuMs(postmasterPid);
     await new Promise((r) => setTimeout(r, flags.idle * 1000));
-    if (interrupted) throw new Error("interrupted");
+    if (wasInterrupted()) throw new Error("interrupted");
     const cpu1 = await cpuMs(child.pid);
     const pg1 = await postgresCpuMs(postmasterPid);
     await stdin.write("stop");
@@ -687,8 +514,7 @@ async function idleCpu(
       pg_cpu_ms: pg1 - pg0,
     };
   } finally {
-    killGroup(child);
-    current = null;
+    release(child);
     await lines.cancel();
     await admin.unsafe(`drop database if exists "${db}" with (force)`).catch(() => {});
   }
@@ -835,24 +661,7 @@ function markdown(report: Report): string {
   const lines: string[] = [];
   lines.push(`# akadze benchmark, ${report.date}`, "");
   lines.push(`Command: \`${report.command}\``, "");
-  const m = report.machine;
-  lines.push(
-    `Machine: ${m.cores} cores (${m.cpu_model}), ${m.ram_gib} GiB RAM, ${m.os}; ` +
-      `8 KiB write+fdatasync ${m.fsync_8k_ms} ms (median); load average at start ${m.loadavg_at_start}. ` +
-      `Deno ${m.deno}` + (report.peers ? `, Node ${report.peers.node}` : "") + ". akadze at " +
-      `commit ${m.git.commit}` +
-      (m.git.modified.length ? ` with uncommitted changes in ${m.git.modified.join(", ")}` : "") +
-      ".",
-    "",
-  );
-  const s = report.postgres.settings;
-  lines.push(
-    `PostgreSQL: ${
-      report.postgres.version.split(" on ")[0]
-    }, one throwaway server for the whole run; ` +
-      Object.entries(s).map(([k, v]) => `${k}=${v || "''"}`).join(", ") + ".",
-    "",
-  );
+  lines.push(...environmentLines(report.machine, report.postgres, report.peers));
   lines.push(
     `N = ${fmt(report.params.n)} no-op jobs per drain, bulk enqueue in calls of ` +
       `${fmt(report.params.batchRows)} rows, ${fmt(report.params.single)} single-row enqueues, ` +
@@ -950,8 +759,8 @@ function markdown(report: Report): string {
 interface Report {
   date: string;
   command: string;
-  machine: Awaited<ReturnType<typeof machineInfo>>;
-  postgres: Awaited<ReturnType<typeof postgresInfo>>;
+  machine: MachineInfo;
+  postgres: PostgresInfo;
   peers: Record<string, string> | null;
   params: {
     n: number;
@@ -998,11 +807,11 @@ async function main(): Promise<number> {
     );
 
     const rounds: Report["rounds"] = [];
-    for (let round = 1; round <= flags.rounds && !interrupted; round++) {
+    for (let round = 1; round <= flags.rounds && !wasInterrupted(); round++) {
       const order = roundOrder(entries, round);
       const runs: RunRecord[] = [];
       for (const entry of order) {
-        if (interrupted) break;
+        if (wasInterrupted()) break;
         console.error(`round ${round}/${flags.rounds}: ${entry.label} ...`);
         const record = await runEntry(entry, round, flags, server, admin, postmasterPid);
         runs.push(record);
@@ -1044,7 +853,7 @@ async function main(): Promise<number> {
     }
 
     let idle: Report["idle"] = null;
-    if (flags.idle > 0 && flags.only.has("akadze") && !interrupted) {
+    if (flags.idle > 0 && flags.only.has("akadze") && !wasInterrupted()) {
       console.error(`idle akadze worker, ${flags.idle} s ...`);
       try {
         idle = await idleCpu(flags, server, admin, postmasterPid);
@@ -1053,7 +862,7 @@ async function main(): Promise<number> {
         errors.push(`idle: ${error instanceof Error ? error.message : error}`);
       }
     }
-    if (interrupted) {
+    if (wasInterrupted()) {
       console.error("interrupted");
       return 130;
     }
@@ -1106,10 +915,15 @@ async function main(): Promise<number> {
 
 let code: number;
 try {
-  code = await main();
+  const scenario = scenarioOf(Deno.args);
+  if (scenario.name === "horizon") {
+    code = await (await import("./horizon.ts")).runHorizon(scenario.rest);
+  } else if (scenario.name !== null) {
+    usage(`--scenario takes horizon, got ${scenario.name}`);
+  } else code = await main();
 } catch (error) {
   console.error(`error: ${error instanceof Error ? error.message : error}`);
-  code = interrupted ? 130 : 2;
+  code = wasInterrupted() ? 130 : 2;
 }
 Deno.exit(code);
 
@@ -1118,4 +932,15 @@ function latencyWhere(latencyWorker: "in-process" | "process"): string {
   return latencyWorker === "in-process"
     ? "every system's latency worker runs in the process that enqueues"
     : "akadze's latency worker runs in a process of its own, the peers' in the process that enqueues";
+}
+
+/** `--scenario NAME` (or `--scenario=NAME`) and the other arguments. */
+function scenarioOf(args: readonly string[]): { name: string | null; rest: string[] } {
+  const rest = [...args];
+  const i = rest.findIndex((a) => a === "--scenario" || a.startsWith("--scenario="));
+  if (i < 0) return { name: null, rest };
+  const [arg] = rest.splice(i, 1);
+  const name = arg.includes("=") ? arg.slice(arg.indexOf("=") + 1) : rest.splice(i, 1)[0];
+  if (!name) usage("--scenario needs a value");
+  return { name, rest };
 }
