@@ -33,9 +33,10 @@ export interface Execution {
 
 /**
  * Receives a run's outcome, once: the outcome to write, or null when `completeTx` already
- * wrote it. It may be called before `start` returns (a synchronous handler).
+ * wrote it, and how long the run took (ms, for the metrics). It may be called before
+ * `start` returns (a synchronous handler).
  */
-export type OnOutcome = (outcome: Outcome | null) => void;
+export type OnOutcome = (outcome: Outcome | null, durationMs: number) => void;
 
 /** Runs jobs of one app. */
 export class Executor {
@@ -79,9 +80,10 @@ export class Executor {
       finished = true;
       if (timer !== undefined) clearTimeout(timer);
       const outcome = this.#outcome(task, job, row.args, ctx, settled);
+      const durationMs = performance.now() - startedAt;
       // Only a failed run's outcome says how long it took (the log of its failure).
-      if (outcome?.error) outcome.durationMs = Math.round(performance.now() - startedAt);
-      onOutcome(outcome);
+      if (outcome?.error) outcome.durationMs = Math.round(durationMs);
+      onOutcome(outcome, durationMs);
     };
     const interrupt = (reason: Interrupt) => {
       if (finished) return;

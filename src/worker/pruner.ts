@@ -8,6 +8,13 @@
  * @module
  */
 import { quoteSchema, type Sql } from "../db.ts";
+import { checkInteger } from "./config.ts";
+import { logPruned } from "./log_events.ts";
+
+/** Rows per DELETE, by default. */
+export const PRUNE_BATCH_DEFAULT = 1000;
+/** DELETE statements per table and pass at most, by default. */
+export const PRUNE_MAX_BATCHES_DEFAULT = 10;
 
 /** Settings of a {@linkcode Pruner}. */
 export interface PrunerConfig {
@@ -17,9 +24,9 @@ export interface PrunerConfig {
   retention: number;
   /** Keep periodic_runs at least this long (ms): the schedules' grace. */
   grace: number;
-  /** Rows per DELETE. Default 1000. */
+  /** Rows per DELETE. Default {@linkcode PRUNE_BATCH_DEFAULT}. */
   batchSize?: number;
-  /** DELETE statements per table and pass at most. Default 10. */
+  /** DELETE statements per table and pass at most. Default {@linkcode PRUNE_MAX_BATCHES_DEFAULT}. */
   maxBatches?: number;
 }
 
@@ -59,10 +66,19 @@ export class Pruner {
   #config: Required<PrunerConfig>;
   #statements: { jobs: string; periodicRuns: string; limitStarts: string };
 
-  /** Make a pruner on a pool. */
+  /** Make a pruner on a pool (it runs beside the loop, not on its connection). */
   constructor(sql: Sql, config: PrunerConfig) {
     this.#sql = sql;
-    this.#config = { batchSize: 1000, maxBatches: 10, ...config };
+    this.#config = {
+      ...config,
+      batchSize: checkInteger("batchSize", config.batchSize ?? PRUNE_BATCH_DEFAULT, 1, 1e6),
+      maxBatches: checkInteger(
+        "maxBatches",
+        config.maxBatches ?? PRUNE_MAX_BATCHES_DEFAULT,
+        1,
+        1e6,
+      ),
+    };
     const s = quoteSchema(config.schema);
     this.#statements = {
       jobs: deleteOldJobsStatement(s, true),
@@ -81,10 +97,10 @@ export class Pruner {
     };
   }
 
-  /** Delete one bounded round of old rows from each table. */
+  /** Delete one bounded round of old rows from each table (logged `pruned`, debug). */
   async runOnce(): Promise<PruneResult> {
     const { retention, grace } = this.#config;
-    return {
+    const pruned = {
       jobs: await this.#drain(this.#statements.jobs, [retention]),
       // A fire older than the grace can never be enqueued again; keep a day for inspection.
       periodicRuns: await this.#drain(this.#statements.periodicRuns, [
@@ -92,6 +108,8 @@ export class Pruner {
       ]),
       limitStarts: await this.#drain(this.#statements.limitStarts, []),
     };
+    logPruned(pruned);
+    return pruned;
   }
 
   async #drain(text: string, params: number[]): Promise<number> {
