@@ -135,9 +135,9 @@ export class BatchCompleter {
     return this.#unwritten.size;
   }
 
-  /** Whether this job's outcome waits for its write. */
-  has(jobId: string): boolean {
-    return this.#unwritten.has(jobId);
+  /** The jobs whose outcome waits for its write. */
+  ids(): IterableIterator<string> {
+    return this.#unwritten.keys();
   }
 
   /** Queue a run's outcome; it is written with the others that settle in the same turn. */
@@ -178,6 +178,22 @@ export class BatchCompleter {
     return new Promise((resolve) => this.#allWritten.push(resolve));
   }
 
+  /**
+   * Wait until every outcome is written, abandoning the rest after `timeoutMs`: a write can
+   * be stuck in the driver (its reconnect backoff while the database is down) long after.
+   */
+  async finish(timeoutMs: number): Promise<void> {
+    const timer = setTimeout(() => this.abandon(), timeoutMs);
+    const signal = this.#abandon.signal;
+    await Promise.race([
+      this.untilAllWritten(),
+      new Promise((resolve) =>
+        signal.aborted ? resolve(null) : signal.addEventListener("abort", resolve, { once: true })
+      ),
+    ]);
+    clearTimeout(timer);
+  }
+
   /** Write on `finalSql` from now on (true), or on the pool again (false: a new run). */
   writeFinalOn(final: boolean): void {
     this.#writeFinal = final;
@@ -186,11 +202,6 @@ export class BatchCompleter {
   /** Stop retrying: what is not written yet is left to the lease. */
   abandon(): void {
     this.#abandon.abort();
-  }
-
-  /** Aborted once {@linkcode abandon} was called. */
-  get abandoned(): AbortSignal {
-    return this.#abandon.signal;
   }
 
   #settled(jobId: string): void {

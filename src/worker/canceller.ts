@@ -6,13 +6,19 @@
  * @module
  */
 import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
-import { AkadzeError } from "../errors.ts";
+import { checkInteger } from "./config.ts";
 import type { OnTransitionHook } from "../job.ts";
 import { JOB_RETURNING, type JobRow, transitionOneByOne } from "./job_row.ts";
 import { logJobState } from "./log_events.ts";
+import { Periodic } from "./periodic.ts";
 
 /** How many queued jobs one pass cancels at most, by default. */
 export const CANCEL_BATCH_DEFAULT = 500;
+/**
+ * How often `runIfDue` cancels, by default (ms): at most once a second, so it does not
+ * hold up the claim that the next NOTIFY asks for.
+ */
+export const CANCEL_INTERVAL_DEFAULT = 1_000;
 
 /** Settings of a {@linkcode Canceller}. */
 export interface CancellerConfig {
@@ -24,6 +30,8 @@ export interface CancellerConfig {
   hooks: readonly OnTransitionHook[];
   /** Jobs one pass cancels at most. Default {@linkcode CANCEL_BATCH_DEFAULT}. */
   batchSize?: number;
+  /** How often `runIfDue` cancels (ms; 0: every pass). Default {@linkcode CANCEL_INTERVAL_DEFAULT}. */
+  interval?: number;
 }
 
 /** What one cancel pass did. */
@@ -35,19 +43,17 @@ export interface CancelResult {
 }
 
 /** Cancels the queued jobs of one worker's queues. */
-export class Canceller {
+export class Canceller extends Periodic<CancelResult> {
   #sql: Sql;
-  #config: Required<CancellerConfig>;
+  #config: Required<Omit<CancellerConfig, "interval">>;
   #cancel: string;
 
   /** Make a canceller (the worker gives it its loop's connection). */
   constructor(sql: Sql, config: CancellerConfig) {
-    const batchSize = config.batchSize ?? CANCEL_BATCH_DEFAULT;
-    if (!Number.isInteger(batchSize) || batchSize < 1) {
-      throw new AkadzeError(`batchSize must be a positive integer, got ${batchSize}`);
-    }
+    super(config.interval ?? CANCEL_INTERVAL_DEFAULT);
+    const batchSize = checkInteger("batchSize", config.batchSize ?? CANCEL_BATCH_DEFAULT, 1, 1e6);
     this.#sql = sql;
-    this.#config = { ...config, batchSize };
+    this.#config = { schema: config.schema, queues: config.queues, hooks: config.hooks, batchSize };
     this.#cancel = cancelStatement(quoteSchema(config.schema));
   }
 

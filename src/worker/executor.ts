@@ -46,13 +46,14 @@ export class Executor {
   #lockJob: string;
 
   /**
-   * Make an executor; `secrets` (and each job's argument values) are redacted from stored
-   * error messages.
+   * Make an executor; the pool's password (and each job's argument values) are redacted
+   * from stored error messages.
    */
-  constructor(app: Akadze, completer: Completer, secrets: string[]) {
+  constructor(app: Akadze, completer: Completer) {
     this.#app = app;
     this.#completer = completer;
-    this.#secrets = secrets;
+    const password = (app.sql.options as { pass?: unknown }).pass;
+    this.#secrets = typeof password === "string" && password ? [password] : [];
     this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
         coalesce(expires_at <= now(), false) as expired
       from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;

@@ -186,16 +186,21 @@ export class Heartbeat {
 
   /**
    * A backstop for a loop stuck in a statement that never returns (a network partition):
-   * calls `onStall` once no beat succeeded for heartbeatTtl + heartbeatInterval. Returns
-   * the function that stops watching.
+   * `stalled` resolves once no beat succeeded for heartbeatTtl + heartbeatInterval, until
+   * `stop()`.
    */
-  watch(onStall: () => void): () => void {
+  watch(): { stalled: Promise<void>; stop(): void } {
     const { heartbeatInterval, heartbeatTtl } = this.#identity;
-    const timer = setInterval(() => {
-      const last = this.lastSuccess;
-      if (last !== null && performance.now() - last > heartbeatTtl + heartbeatInterval) onStall();
-    }, Math.min(1_000, heartbeatInterval));
-    return () => clearInterval(timer);
+    let timer: ReturnType<typeof setInterval> | undefined;
+    const stalled = new Promise<void>((resolve) => {
+      timer = setInterval(() => {
+        const last = this.lastSuccess;
+        if (last !== null && performance.now() - last > heartbeatTtl + heartbeatInterval) {
+          resolve();
+        }
+      }, Math.min(1_000, heartbeatInterval));
+    });
+    return { stalled, stop: () => clearInterval(timer) };
   }
 
   /** Remove the worker row (on a clean stop), unless jobs still run under it. */
@@ -212,5 +217,14 @@ export async function touchHeartbeatFile(path: string | undefined): Promise<void
     await Deno.writeTextFile(path, `${Date.now()}\n`);
   } catch (error) {
     logHeartbeatFileFailed(error);
+  }
+}
+
+/** This machine's host name, as the workers table records it. */
+export function hostName(): string {
+  try {
+    return Deno.hostname();
+  } catch {
+    return "unknown-host";
   }
 }

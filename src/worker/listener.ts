@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { cancelChannel, isTransientError, jobsChannel, type Sql } from "../db.ts";
+import { cancelChannel, connect, isTransientError, jobsChannel, type Sql } from "../db.ts";
 import {
   logListenFailed,
   logListenProbed,
@@ -48,6 +48,11 @@ export interface ListenerConfig {
   listenRetry?: number;
   /** See {@linkcode PROBE_TIMEOUT_DEFAULT}. */
   probeTimeout?: number;
+  /**
+   * Listen on a connection of its own to this address (the app's `listenUrl`), ended by
+   * {@linkcode Listener.close}, instead of on `sql`.
+   */
+  listenUrl?: string;
 }
 
 /** Listens for one worker. */
@@ -61,10 +66,15 @@ export class Listener {
   #failing = false;
   #probed = false;
   #probeStop = new AbortController();
+  #own: Sql | null;
 
-  /** Make a listener (nothing happens until `start` or `ensure`). */
+  /**
+   * Make a listener (nothing is listened to until `start` or `ensure`); with `listenUrl`,
+   * its connection is made now (connect's errors are thrown).
+   */
   constructor(sql: Sql, config: ListenerConfig) {
-    this.#sql = sql;
+    this.#own = config.listenUrl === undefined ? null : openListenConnection(sql, config.listenUrl);
+    this.#sql = this.#own ?? sql;
     this.#config = config;
     this.#queues = new Set(config.queues);
   }
@@ -116,9 +126,11 @@ export class Listener {
     logListenUnavailable(workerId, pollInterval, this.#config.viaListenUrl ?? false);
   }
 
-  /** End a probe still waiting (the run ends). */
-  endProbe(): void {
+  /** The run ends: end a probe still waiting, UNLISTEN, end the `listenUrl` connection. */
+  async close(): Promise<void> {
     this.#probeStop.abort();
+    await this.stop();
+    if (this.#own) await this.#own.end({ timeout: 1 }).catch(() => {});
   }
 
   /** Whether both channels are being listened to. */
@@ -185,4 +197,14 @@ export class Listener {
     const unlisten = this.#unlisten.splice(0);
     await settleWithin(Promise.all(unlisten.map((fn) => fn().catch(() => {}))), timeoutMs);
   }
+}
+
+/** One connection to `listenUrl`, named as the pool's connections are. */
+function openListenConnection(pool: Sql, listenUrl: string): Sql {
+  const options = pool.options as { connection?: { application_name?: unknown } };
+  const name = options.connection?.application_name;
+  return connect(listenUrl, {
+    max: 1,
+    applicationName: typeof name === "string" ? name : undefined,
+  });
 }

@@ -9,12 +9,16 @@
  */
 import { quoteSchema, type Sql } from "../db.ts";
 import { checkInteger } from "./config.ts";
-import { logPruned } from "./log_events.ts";
+import { logPruned, logPruneFailed } from "./log_events.ts";
+import { Periodic } from "./periodic.ts";
+import { settleWithin } from "./settle.ts";
 
 /** Rows per DELETE, by default. */
 export const PRUNE_BATCH_DEFAULT = 1000;
 /** DELETE statements per table and pass at most, by default. */
 export const PRUNE_MAX_BATCHES_DEFAULT = 10;
+/** How often a worker prunes, by default (ms): `WORKER_DEFAULTS.pruneInterval`. */
+export const PRUNE_INTERVAL_DEFAULT = 60_000;
 
 /** Settings of a {@linkcode Pruner}. */
 export interface PrunerConfig {
@@ -28,6 +32,8 @@ export interface PrunerConfig {
   batchSize?: number;
   /** DELETE statements per table and pass at most. Default {@linkcode PRUNE_MAX_BATCHES_DEFAULT}. */
   maxBatches?: number;
+  /** How often {@linkcode Pruner.startIfDue} prunes (jittered ±10 %). Default {@linkcode PRUNE_INTERVAL_DEFAULT}. */
+  interval?: number;
 }
 
 /** What one prune pass deleted. */
@@ -61,16 +67,20 @@ export function deleteOldJobsStatement(s: string, includeFailed: boolean): strin
 }
 
 /** Deletes old rows. */
-export class Pruner {
+export class Pruner extends Periodic<PruneResult> {
   #sql: Sql;
-  #config: Required<PrunerConfig>;
+  #config: Required<Omit<PrunerConfig, "interval">>;
   #statements: { jobs: string; periodicRuns: string; limitStarts: string };
+  #pruning: Promise<void> | null = null;
 
   /** Make a pruner on a pool (it runs beside the loop, not on its connection). */
   constructor(sql: Sql, config: PrunerConfig) {
+    super(config.interval ?? PRUNE_INTERVAL_DEFAULT);
     this.#sql = sql;
     this.#config = {
-      ...config,
+      schema: config.schema,
+      retention: config.retention,
+      grace: config.grace,
       batchSize: checkInteger("batchSize", config.batchSize ?? PRUNE_BATCH_DEFAULT, 1, 1e6),
       maxBatches: checkInteger(
         "maxBatches",
@@ -110,6 +120,27 @@ export class Pruner {
     };
     logPruned(pruned);
     return pruned;
+  }
+
+  /** A run begins: its first prune comes at a random point within one interval. */
+  override begin(): void {
+    super.begin(Math.random() * this.interval);
+  }
+
+  /**
+   * Start a prune beside the caller when one is due and none runs: deleting thousands of
+   * old rows takes a while and no claim needs to wait for it. A failure is logged
+   * (`prune_failed`); the next prune comes an interval later.
+   */
+  startIfDue(): void {
+    if (this.#pruning !== null || !this.takeDue(0.9 + 0.2 * Math.random())) return;
+    this.#pruning = this.runOnce().then(() => {}, logPruneFailed)
+      .finally(() => this.#pruning = null);
+  }
+
+  /** Wait for a running prune, at most `ms`: one stuck on an unanswering database is left. */
+  settle(ms: number): Promise<void> {
+    return settleWithin(this.#pruning, ms);
   }
 
   async #drain(text: string, params: number[]): Promise<number> {

@@ -10,6 +10,8 @@ import type { OnTransitionHook } from "../job.ts";
 import { checkInteger } from "./config.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 import { logRescued } from "./log_events.ts";
+import { HEARTBEAT_INTERVAL_DEFAULT } from "./heartbeat.ts";
+import { Periodic } from "./periodic.ts";
 
 /** How many jobs one pass rescues at most, by default. */
 export const RESCUE_BATCH_DEFAULT = 1000;
@@ -22,6 +24,8 @@ export interface RescuerConfig {
   hooks: readonly OnTransitionHook[];
   /** Jobs one pass rescues at most. Default {@linkcode RESCUE_BATCH_DEFAULT}. */
   batchSize?: number;
+  /** How often `runIfDue` rescues (ms; the worker's heartbeatInterval). Default 5000. */
+  interval?: number;
 }
 
 /** What one rescue pass did. */
@@ -35,7 +39,7 @@ export interface RescueResult {
 }
 
 /** Rescues the jobs of dead workers. */
-export class Rescuer {
+export class Rescuer extends Periodic<RescueResult> {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
   #find: string;
@@ -44,6 +48,7 @@ export class Rescuer {
 
   /** Make a rescuer (the worker gives it its loop's connection). */
   constructor(sql: Sql, config: RescuerConfig) {
+    super(config.interval ?? HEARTBEAT_INTERVAL_DEFAULT);
     const batch = checkInteger("batchSize", config.batchSize ?? RESCUE_BATCH_DEFAULT, 1, 1e6);
     this.#sql = sql;
     this.#hooks = config.hooks;

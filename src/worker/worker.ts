@@ -10,22 +10,14 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import {
-  connect,
-  describeError,
-  isSchemaMissing,
-  isTransientError,
-  schemaMissingMessage,
-  type Sql,
-} from "../db.ts";
+import { describeError, isTransientError } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { BatchCompleter } from "./batch_completer.ts";
 import { Canceller } from "./canceller.ts";
-import { type ClaimedJob, Claimer } from "./claimer.ts";
-import type { Outcome } from "./completer.ts";
+import { Claimer } from "./claimer.ts";
 import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./config.ts";
 import { Executor } from "./executor.ts";
-import { Heartbeat, touchHeartbeatFile } from "./heartbeat.ts";
+import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
 import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopConnection } from "./loop_connection.ts";
@@ -33,33 +25,17 @@ import { installProcessGuard } from "./process_guard.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
-import { settleWithin } from "./settle.ts";
 import { Slots } from "./slots.ts";
 import { Wake } from "./wake.ts";
+import { fatalExit, type WorkerExit, type WorkerRunOptions } from "./worker_exit.ts";
 import { type MetricsServer, serveWorkerMetrics, WorkerMetrics } from "./worker_metrics.ts";
 
-/** Why `worker.run()` returned, with the process exit code it implies. */
-export interface WorkerExit {
-  /** 0: graceful stop, batch done or maxJobs reached; 1: fatal error or lost heartbeat. */
-  code: 0 | 1;
-  /** What ended the run. */
-  reason: "stopped" | "batch_done" | "max_jobs" | "heartbeat_lost" | "fatal";
-  /** For `fatal` and `heartbeat_lost`: what went wrong (credential-free). */
-  message?: string;
-}
-
-/** Options of `worker.run()`. */
-export interface WorkerRunOptions {
-  /** Aborting it starts a graceful stop, like `worker.stop()`. */
-  signal?: AbortSignal;
-}
+export type { WorkerExit, WorkerRunOptions } from "./worker_exit.ts";
 
 /** The longest wait after a failed loop pass (ms); it doubles from 250 per failure. */
 const DB_BACKOFF_MAX = 30_000;
 /** How long the last writes (and a prune) may take once the loop is done (ms). */
 const RELEASE_TIMEOUT = 5_000;
-/** How often the claim pass also cancels queued jobs with a cancel request or expiry. */
-const CANCEL_EVERY = 1_000;
 
 /**
  * A worker process's engine: claims jobs of its queues and runs them.
@@ -92,12 +68,8 @@ export class Worker {
   #claimer: Claimer;
   #canceller: Canceller;
   #completer: BatchCompleter;
-  #executor: Executor;
-  /** Made per run (on `app.listenUrl` when given, else on the pool). */
-  #listener: Listener | null = null;
   #slots: Slots;
   #wake = new Wake();
-  #pruning: Promise<void> | null = null;
   #claims = 0;
   #offset = 0;
   #running = false;
@@ -115,33 +87,33 @@ export class Worker {
   constructor(app: Akadze, options: WorkerOptions = {}) {
     const config = this.config = resolveWorkerConfig(options);
     this.#app = app;
-    const host = hostname();
+    const host = hostName();
     this.id = config.id ?? `${host}:${Deno.pid}:${crypto.randomUUID().slice(0, 8)}`;
     const { schema, hooks: { onTransition: hooks } } = app;
-    this.#slots = new Slots(config);
     this.metrics = new WorkerMetrics(config.queues, () => this.#slots.busy, app.tasks.values());
     // Not from the pool: tasks holding every pooled connection must not hold up the loop
     // and its heartbeat (the lease). The pruner runs beside the loop, so it stays on the pool.
     this.#connection = new LoopConnection(app.sql);
     const loopSql = this.#connection.sql;
     this.#heartbeat = new Heartbeat(loopSql, {
+      ...config,
       schema,
       id: this.id,
       hostname: host,
       pid: Deno.pid,
-      queues: config.queues,
-      heartbeatTtl: config.heartbeatTtl,
-      heartbeatInterval: config.heartbeatInterval,
       giveUpUnregistered: config.batch,
       // The connection may hang (a partition, a dead peer): the next beat takes a new one.
       onTimeout: () => this.#connection.reset(),
     });
-    this.#rescuer = new Rescuer(loopSql, { schema, hooks });
-    this.#pruner = new Pruner(app.sql, { schema, retention: app.retention, grace: app.grace });
+    this.#rescuer = new Rescuer(loopSql, { schema, hooks, interval: config.heartbeatInterval });
+    const prune = { schema, retention: app.retention, grace: app.grace };
+    this.#pruner = new Pruner(app.sql, { ...prune, interval: config.pruneInterval });
     this.#scheduler = config.schedules ? new Scheduler(loopSql, { app }) : null;
     const tasks = [...app.tasks.keys()];
     this.#claimer = new Claimer(loopSql, { schema, workerId: this.id, tasks, hooks });
-    this.#canceller = new Canceller(loopSql, { schema, queues: config.queues, hooks });
+    // Every pass in batch mode (a batch run ends when nothing is left to do).
+    const interval = config.batch ? 0 : undefined;
+    this.#canceller = new Canceller(loopSql, { schema, queues: config.queues, hooks, interval });
     this.#completer = new BatchCompleter(app.sql, {
       schema,
       hooks,
@@ -150,12 +122,19 @@ export class Worker {
       finalSql: loopSql,
       metrics: this.metrics,
       onSettled: () => {
-        if (this.#writeRoom() === 1 || config.batch) this.#wake.up();
+        if (this.#slots.writeRoom() === 1 || config.batch) this.#wake.up();
       },
     });
-    const password = (app.sql.options as { pass?: unknown }).pass;
-    const secrets = typeof password === "string" && password ? [password] : [];
-    this.#executor = new Executor(app, this.#completer.writer, secrets);
+    this.#slots = new Slots({
+      ...config,
+      executor: new Executor(app, this.#completer.writer),
+      completer: this.#completer,
+      metrics: this.metrics,
+      // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
+      onFreed: (wasFull) => {
+        if (wasFull || config.batch || this.#draining) this.#wake.up();
+      },
+    });
   }
 
   /**
@@ -212,35 +191,38 @@ export class Worker {
   async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
     if (this.#running) throw new AkadzeError("this worker is already running");
     this.#running = true;
-    const { metricsHost: host, metricsPort: port, metricsQueueState: queueState } = this.config;
     let metricsServer: MetricsServer | null;
     try {
-      const { sql, schema } = this.#app;
-      metricsServer = await serveWorkerMetrics(this.metrics, {
-        host,
-        port,
-        queueState,
-        sql,
-        schema,
-      });
+      metricsServer = await serveWorkerMetrics(this.metrics, { ...this.config, app: this.#app });
     } catch (error) {
       this.#running = false;
+      const { metricsHost: host, metricsPort: port } = this.config;
       const message = `cannot serve metrics on ${host}:${port}: ${describeError(error)}`;
       log.logStopped(this.id, { code: 1, reason: "fatal", message });
       return { code: 1, reason: "fatal", message };
     }
     this.#heartbeat.begin();
     this.#completer.writeFinalOn(false);
-    let listenSql: Sql | null = null;
+    let listener: Listener;
     try {
-      listenSql = this.#openListenConnection();
+      // Made per run: on a connection of its own to app.listenUrl when given, else on the pool.
+      listener = new Listener(this.#app.sql, {
+        ...this.config,
+        schema: this.#app.schema,
+        onJobs: () => this.#wake.up(),
+        onCancel: (id) => this.#slots.cancel(id),
+        workerId: this.id,
+        viaListenUrl: this.#app.listenUrl !== undefined,
+        listenUrl: this.#app.notify ? this.#app.listenUrl : undefined,
+        probeSql: this.#connection.sql,
+        stopping: () => this.#stopRequested,
+      });
     } catch (error) {
       // Nothing else has started but the metrics server: stop it, or it keeps the process.
       await metricsServer?.shutdown();
       this.#running = false;
       throw error;
     }
-    const listener = this.#listener = this.#makeListener(listenSql);
     const onAbort = () => this.stop();
     options.signal?.addEventListener("abort", onAbort);
     if (options.signal?.aborted) this.stop();
@@ -251,36 +233,32 @@ export class Worker {
     log.logStarted(this.id, this.config.queues, this.config.slots);
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
-    let unwatch = () => {};
-    const stalled = new Promise<WorkerExit>((resolve) => {
-      unwatch = this.#heartbeat.watch(() => {
-        this.#stopRequested = true;
-        this.#loopLeft = true;
-        resolve({ code: 1, reason: "heartbeat_lost", message: "the worker loop stalled" });
-      });
+    const watch = this.#heartbeat.watch();
+    const stalled = watch.stalled.then((): WorkerExit => {
+      this.#stopRequested = true;
+      this.#loopLeft = true;
+      return { code: 1, reason: "heartbeat_lost", message: "the worker loop stalled" };
     });
     // A prune stuck on an unanswering database is waited for at most RELEASE_TIMEOUT from
     // the loop's end, alongside the release of the runs, then left to the pool's end.
     let pruned: Promise<void> | undefined;
-    const loop = this.#loop();
+    const loop = this.#loop(listener);
     let ended = false;
     try {
       exit = await Promise.race([loop, stalled]);
-      unwatch();
-      pruned = settleWithin(this.#pruning, RELEASE_TIMEOUT);
+      watch.stop();
+      pruned = this.#pruner.settle(RELEASE_TIMEOUT);
       if (exit.code === 0) await this.#drain(exit.reason !== "stopped");
       else await this.#abandonRuns();
       ended = true;
     } finally {
-      unwatch();
-      listener.endProbe();
+      watch.stop();
       options.signal?.removeEventListener("abort", onAbort);
       await Promise.all([
-        pruned ?? settleWithin(this.#pruning, RELEASE_TIMEOUT),
-        listener.stop(),
+        pruned ?? this.#pruner.settle(RELEASE_TIMEOUT),
+        listener.close(),
         metricsServer?.shutdown(),
       ]);
-      if (listenSql) await listenSql.end({ timeout: 1 }).catch(() => {});
       this.#running = false;
       // Thrown out of the loop: nothing below runs, so the guard goes now.
       if (!ended) removeGuard();
@@ -299,38 +277,10 @@ export class Worker {
     return exit;
   }
 
-  /** With notify and `app.listenUrl`: its own connection, so only the LISTEN goes there. */
-  #openListenConnection(): Sql | null {
-    const { notify, listenUrl, sql } = this.#app;
-    if (!notify || listenUrl === undefined) return null;
-    const name = (sql.options as { connection?: { application_name?: unknown } }).connection
-      ?.application_name;
-    return connect(listenUrl, {
-      max: 1,
-      applicationName: typeof name === "string" ? name : undefined,
-    });
-  }
-
-  #makeListener(listenSql: Sql | null): Listener {
-    return new Listener(listenSql ?? this.#app.sql, {
-      schema: this.#app.schema,
-      queues: this.config.queues,
-      onJobs: () => this.#wake.up(),
-      onCancel: (id) => this.#cancelRunning(id),
-      workerId: this.id,
-      pollInterval: this.config.pollInterval,
-      viaListenUrl: this.#app.listenUrl !== undefined,
-      probeSql: this.#connection.sql,
-      stopping: () => this.#stopRequested,
-    });
-  }
-
-  async #loop(): Promise<WorkerExit> {
+  async #loop(listener: Listener): Promise<WorkerExit> {
     const { config } = this;
-    let nextRescue = 0;
-    let nextCancel = 0;
-    let nextPrune = performance.now() + Math.random() * config.pruneInterval;
     let dbBackoff = 0;
+    for (const service of [this.#rescuer, this.#pruner, this.#canceller]) service.begin();
     while (!this.#stopRequested) {
       await touchHeartbeatFile(config.heartbeatFile);
       const beat = await this.#beatIfDue();
@@ -343,32 +293,18 @@ export class Worker {
       let foundNothing = false;
       let idle = false;
       try {
-        if (this.#app.notify) await this.#listener?.ensure();
-        const now = performance.now();
-        if (now >= nextRescue) {
-          nextRescue = now + config.heartbeatInterval;
-          await this.#rescuer.runOnce();
-        }
-        if (now >= nextPrune && this.#pruning === null) {
-          nextPrune = now + config.pruneInterval * (0.9 + 0.2 * Math.random());
-          // Beside the loop: deleting thousands of old rows takes a while and no claim
-          // needs to wait for it. A failure is logged; the next prune comes an interval later.
-          this.#pruning = this.#pruner.runOnce().then(() => {}, log.logPruneFailed)
-            .finally(() => this.#pruning = null);
-        }
+        if (this.#app.notify) await listener.ensure();
+        await this.#rescuer.runIfDue();
+        this.#pruner.startIfDue();
         await this.#scheduler?.runOnce();
         // Idle before the claim: no outcome written during it can have made a job ready.
         idle = this.#slots.size + this.#completer.unwritten === 0;
         if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
-        // After the claim, so it never delays a job, and at most once a second (every pass
-        // in batch mode), so it does not hold up the claim that the next NOTIFY asks for.
-        if (config.batch || performance.now() >= nextCancel) {
-          nextCancel = performance.now() + CANCEL_EVERY;
-          await this.#canceller.runOnce();
-        }
+        // After the claim, so it never delays a job.
+        await this.#canceller.runIfDue();
         dbBackoff = 0;
       } catch (error) {
-        if (!isTransientError(error)) return this.#fatal(error);
+        if (!isTransientError(error)) return fatalExit(error, this.#app.schema);
         dbBackoff = Math.min(Math.max(dbBackoff * 2, 250), DB_BACKOFF_MAX);
         log.logLoopRetry(dbBackoff, error);
         // Not past the next heartbeat: a backoff longer than the lease would cost it.
@@ -393,18 +329,17 @@ export class Worker {
     if (!this.#heartbeat.due()) return null;
     // No claim runs during a beat, so what it reports running and this worker does not
     // know of is not its to finish: a claim whose reply was lost, an unwritten outcome.
-    const known = new Set(this.#slots.ids());
-    const isKnown = (id: string) => known.has(id) || this.#completer.has(id);
+    const known = new Set([...this.#slots.ids(), ...this.#completer.ids()]);
     let lease;
     try {
       lease = await this.#heartbeat.beat();
     } catch (error) {
-      return this.#fatal(error);
+      return fatalExit(error, this.#app.schema);
     }
     if (lease.kind === "lost") return { code: 1, reason: "heartbeat_lost", message: lease.message };
     if (lease.kind === "failed") return null;
-    for (const id of lease.beat.cancelRequested) this.#cancelRunning(id);
-    this.#completer.release(lease.beat.running.filter((r) => !isKnown(r.id)));
+    for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
+    this.#completer.release(lease.beat.running.filter((r) => !known.has(r.id)));
     return null;
   }
 
@@ -412,7 +347,7 @@ export class Worker {
   async #claimPass(): Promise<[boolean, boolean]> {
     const { maxJobs } = this.config;
     const { requests, total: free } = this.#slots.free();
-    let total = Math.min(free, this.#writeRoom());
+    let total = Math.min(free, this.#slots.writeRoom());
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
     const { claimed } = await this.#claimer.claim(requests, total, this.#offset++);
@@ -422,49 +357,12 @@ export class Worker {
       this.#completer.release(claimed.map((row) => ({ id: row.id, runCount: row.run_count })));
       return [false, false];
     }
-    if (claimed.length > 0 && log.debugEnabled()) {
-      for (const row of claimed) {
-        log.logClaimed(row);
-      }
+    if (log.debugEnabled()) claimed.forEach(log.logClaimed);
+    for (const row of claimed) {
+      this.#claims++;
+      this.#slots.start(row);
     }
-    for (const row of claimed) this.#start(row);
     return [claimed.length === total, claimed.length === 0];
-  }
-
-  /**
-   * How many more jobs may be claimed before the outcomes waiting for their write exceed
-   * the slots' write limit: one claim may overlap the write of the previous one, while a
-   * stalled write path still stops the claiming.
-   */
-  #writeRoom(): number {
-    return this.#slots.writeLimit - this.#completer.unwritten;
-  }
-
-  #start(row: ClaimedJob): void {
-    this.#claims++;
-    const run = { execution: null as ReturnType<Executor["start"]> | null, queue: row.queue };
-    this.#slots.add(row.id, run);
-    // The outcome may come before start() returns (a synchronous handler).
-    const execution = this.#executor.start(row, (outcome, ms) => this.#finished(row, outcome, ms));
-    if (this.#slots.get(row.id) === run) run.execution = execution;
-  }
-
-  /** A run is over: free its slot and queue its outcome (the next claim overlaps the write). */
-  #finished(row: ClaimedJob, outcome: Outcome | null, durationMs: number): void {
-    const wasFull = this.#slots.isFull(row.queue) || this.#writeRoom() <= 0;
-    this.metrics.observe(row.task, row.queue, durationMs);
-    this.#slots.delete(row.id, row.queue);
-    // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
-    if (wasFull || this.config.batch || this.#draining) this.#wake.up();
-    if (outcome) this.#completer.complete(outcome, row);
-  }
-
-  /** A running job's cancel request (listener, heartbeat): interrupt its run. */
-  #cancelRunning(jobId: string): void {
-    const run = this.#slots.get(jobId);
-    if (!run) return;
-    log.logCancelRequested(jobId);
-    run.execution?.interrupt("cancel");
   }
 
   /** Graceful drain: wait for running jobs, then put the rest back without spending attempts. */
@@ -494,35 +392,7 @@ export class Worker {
     // was left stuck in a statement on it (the watchdog).
     this.#completer.writeFinalOn(!this.#loopLeft);
     // An interrupt settles its run at once: every outcome is then waiting for its write.
-    for (const run of this.#slots.runs()) run.execution?.interrupt("shutdown");
-    const timer = setTimeout(() => this.#completer.abandon(), RELEASE_TIMEOUT);
-    // Not past the abandon: a write can be stuck in the driver (its reconnect backoff
-    // while the database is down) long after.
-    const { abandoned } = this.#completer;
-    await Promise.race([
-      this.#completer.untilAllWritten(),
-      new Promise((resolve) =>
-        abandoned.aborted
-          ? resolve(null)
-          : abandoned.addEventListener("abort", resolve, { once: true })
-      ),
-    ]);
-    clearTimeout(timer);
-  }
-
-  #fatal(error: unknown): WorkerExit {
-    const { schema } = this.#app;
-    const message = isSchemaMissing(error, schema)
-      ? schemaMissingMessage(schema, error)
-      : describeError(error);
-    return { code: 1, reason: "fatal", message };
-  }
-}
-
-function hostname(): string {
-  try {
-    return Deno.hostname();
-  } catch {
-    return "unknown-host";
+    this.#slots.interruptAll("shutdown");
+    await this.#completer.finish(RELEASE_TIMEOUT);
   }
 }

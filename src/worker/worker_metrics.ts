@@ -237,15 +237,21 @@ export async function serveMetrics(options: {
 }
 
 /**
- * Serve a worker's metrics at `GET /metrics` when `port` is set (null otherwise); with
- * `queueState`, each scrape adds the queue gauges of `renderMetrics`, read on `sql`. Rejects
- * when the address is taken.
+ * Serve a worker's metrics at `GET /metrics` when `metricsPort` is set (null otherwise);
+ * with `metricsQueueState`, each scrape adds the queue gauges of `renderMetrics`, read on
+ * the app's pool. Rejects when the address is taken.
  */
 export async function serveWorkerMetrics(
   metrics: WorkerMetrics,
-  options: { host: string; port?: number; queueState: boolean; sql: Sql; schema: string },
+  options: {
+    metricsHost: string;
+    metricsPort?: number;
+    metricsQueueState: boolean;
+    app: { sql: Sql; schema: string };
+  },
 ): Promise<MetricsServer | null> {
-  const { host, port, queueState, sql, schema } = options;
+  const { metricsHost: host, metricsPort: port, metricsQueueState: queueState } = options;
+  const { sql, schema } = options.app;
   if (port === undefined) return null;
   const server = await serveMetrics({
     hostname: host,
