@@ -33,8 +33,9 @@ Deno.test("the rescuer rescues at most batchSize jobs per pass and is due once p
   await withApp("rescuer_batch", async (app, sql) => {
     await sql`insert into akadze.jobs (task, state, worker_id, run_count, started_at)
               select 't', 'running', 'gone', 1, now() from generate_series(1, 5)`;
-    const rescuer = new Rescuer(app.sql, { schema: app.schema, hooks: [], batchSize: 2 });
-    assertEquals(rescuer.interval, 5_000);
+    assertEquals(new Rescuer(app.sql, { schema: app.schema, hooks: [] }).interval, 5_000);
+    const config = { schema: app.schema, hooks: [], batchSize: 2, interval: 600_000 };
+    const rescuer = new Rescuer(app.sql, config);
     assertEquals(await rescuer.runIfDue(), { rescued: 2, failed: 0, removedWorkers: 0 });
     assertEquals(await rescuer.runIfDue(), null, "not due again within the interval");
     assertEquals((await rescuer.runOnce()).rescued, 2);

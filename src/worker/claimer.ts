@@ -1,7 +1,8 @@
 /**
  * The claimer: claims ready jobs into the free slots in one statement (`FOR UPDATE SKIP
- * LOCKED`, priority order, pauses honoured, only tasks this worker knows). While `limits`
- * has rows, a claim first picks and locks the limit keys that have room and a ready job, best job first,
+ * LOCKED`, priority order, pauses honoured, only tasks this worker knows); cancelling
+ * queued jobs is the canceller's (canceller.ts). While `limits` has rows,
+ * a claim first picks and locks the limit keys that have room and a ready job, best job first,
  * then claims their jobs and jobs without a limit together in one claim order, so `maxRunning`
  * is never exceeded cluster-wide, `maxStarts` per window is counted in `limit_starts`, and a
  * keyed job does not wait behind lower-priority jobs without a key. The claim commits before

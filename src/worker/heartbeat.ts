@@ -55,7 +55,7 @@ export interface BeatResult {
 /** Keeps one worker's row alive. */
 export class Heartbeat {
   #sql: Sql;
-  #identity: Required<HeartbeatConfig>;
+  #config: Required<HeartbeatConfig>;
   #beat: string;
   #remove: string;
   #ok = false;
@@ -68,7 +68,7 @@ export class Heartbeat {
   /** Make a heartbeat on a connection (the worker gives it its loop's own). */
   constructor(sql: Sql, config: HeartbeatConfig) {
     this.#sql = sql;
-    this.#identity = {
+    this.#config = {
       heartbeatInterval: HEARTBEAT_INTERVAL_DEFAULT,
       giveUpUnregistered: false,
       onTimeout: () => {},
@@ -97,8 +97,8 @@ export class Heartbeat {
    * (a connection hanging in a network partition) fails as a transient timeout, so the
    * lease clock keeps running.
    */
-  async runOnce(timeoutMs = this.#identity.heartbeatTtl / 2): Promise<BeatResult> {
-    const { id, hostname, pid, queues, heartbeatTtl } = this.#identity;
+  async runOnce(timeoutMs = this.#config.heartbeatTtl / 2): Promise<BeatResult> {
+    const { id, hostname, pid, queues, heartbeatTtl } = this.#config;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const [row] = await Promise.race([
       this.#sql.unsafe(this.#beat, [
@@ -149,7 +149,7 @@ export class Heartbeat {
    */
   async beat(): Promise<Lease> {
     const now = performance.now();
-    const { id, heartbeatInterval, heartbeatTtl } = this.#identity;
+    const { id, heartbeatInterval, heartbeatTtl } = this.#config;
     try {
       const beat = await this.runOnce();
       if (beat.registered && !this.#ok) logRegistered(id);
@@ -158,7 +158,7 @@ export class Heartbeat {
       return { kind: "beat", beat };
     } catch (error) {
       if (!isTransientError(error)) throw error;
-      if ((error as { name?: unknown }).name === "HeartbeatTimeout") this.#identity.onTimeout();
+      if ((error as { name?: unknown }).name === "HeartbeatTimeout") this.#config.onTimeout();
       this.#ok = false;
       this.nextBeat = now + Math.min(heartbeatInterval, HEARTBEAT_RETRY);
       logHeartbeatFailed(id, error);
@@ -172,7 +172,7 @@ export class Heartbeat {
       // A long-running worker waits for a database that is down (SPEC §5.10); a batch run
       // (cron, CI) must end, so it gives up after heartbeatTtl without a first beat.
       const waited = now - this.#startedAt;
-      if (last === null && this.#identity.giveUpUnregistered && waited >= heartbeatTtl) {
+      if (last === null && this.#config.giveUpUnregistered && waited >= heartbeatTtl) {
         return {
           kind: "lost",
           message: `could not reach the database for ${
@@ -190,7 +190,7 @@ export class Heartbeat {
    * `stop()`.
    */
   watch(): { stalled: Promise<void>; stop(): void } {
-    const { heartbeatInterval, heartbeatTtl } = this.#identity;
+    const { heartbeatInterval, heartbeatTtl } = this.#config;
     let timer: ReturnType<typeof setInterval> | undefined;
     const stalled = new Promise<void>((resolve) => {
       timer = setInterval(() => {
@@ -205,7 +205,7 @@ export class Heartbeat {
 
   /** Remove the worker row (on a clean stop), unless jobs still run under it. */
   async remove(): Promise<boolean> {
-    const result = await this.#sql.unsafe(this.#remove, [this.#identity.id]);
+    const result = await this.#sql.unsafe(this.#remove, [this.#config.id]);
     return result.count > 0;
   }
 }
