@@ -1,7 +1,8 @@
 // The heartbeat service driven directly: its beat statement and the lease it keeps.
 import postgres from "postgres";
 import { Heartbeat } from "../src/worker/heartbeat.ts";
-import { assert, assertEquals, assertMatch } from "./assert.ts";
+import { AkadzeError } from "../src/errors.ts";
+import { assert, assertEquals, assertMatch, assertThrows } from "./assert.ts";
 import { waitFor, withApp, within } from "./_helpers.ts";
 
 Deno.test("the heartbeat registers the worker and re-registers it when its row is removed", async () => {
@@ -23,6 +24,12 @@ Deno.test("the heartbeat registers the worker and re-registers it when its row i
     await sql`delete from akadze.workers`;
     assertEquals((await hb.runOnce()).registered, true);
     assert(await hb.remove());
+    const identity = { schema: app.schema, id: "x", hostname: "h", pid: 1, queues: ["a"] };
+    const error = assertThrows(
+      () => new Heartbeat(app.sql, { ...identity, heartbeatTtl: 1_000, heartbeatInterval: 1_000 }),
+      AkadzeError,
+    );
+    assertMatch(error.message, /heartbeatTtl \(1000 ms\) must be longer than heartbeatInterval/);
   });
 });
 

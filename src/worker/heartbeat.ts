@@ -7,6 +7,7 @@
  * @module
  */
 import { describeError, isTransientError, quoteSchema, type Sql } from "../db.ts";
+import { AkadzeError } from "../errors.ts";
 import { logHeartbeatFailed, logHeartbeatFileFailed, logRegistered } from "./log_events.ts";
 
 /** How often a worker beats, by default (ms): `WORKER_DEFAULTS.heartbeatInterval`. */
@@ -67,12 +68,18 @@ export class Heartbeat {
 
   /** Make a heartbeat on a connection (the worker gives it its loop's own). */
   constructor(sql: Sql, config: HeartbeatConfig) {
+    const heartbeatInterval = config.heartbeatInterval ?? HEARTBEAT_INTERVAL_DEFAULT;
+    if (!(heartbeatInterval > 0 && config.heartbeatTtl > heartbeatInterval)) {
+      throw new AkadzeError(
+        `heartbeatTtl (${config.heartbeatTtl} ms) must be longer than heartbeatInterval (${heartbeatInterval} ms)`,
+      );
+    }
     this.#sql = sql;
     this.#config = {
-      heartbeatInterval: HEARTBEAT_INTERVAL_DEFAULT,
-      giveUpUnregistered: false,
-      onTimeout: () => {},
       ...config,
+      heartbeatInterval,
+      giveUpUnregistered: config.giveUpUnregistered ?? false,
+      onTimeout: config.onTimeout ?? (() => {}),
     };
     const s = quoteSchema(config.schema);
     this.#beat = `
