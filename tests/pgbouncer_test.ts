@@ -138,7 +138,9 @@ Deno.test({
   fn: () =>
     withPgBouncer("pgb_probe_stop", async (_direct, pooled) => {
       const app = new Akadze({ databaseUrl: pooled });
-      const listener = new Listener(app.sql, app.schema, ["default"], {
+      const listener = new Listener(app.sql, {
+        schema: app.schema,
+        queues: ["default"],
         onJobs: () => {},
         onCancel: () => {},
       });

@@ -148,7 +148,11 @@ Deno.test("three workers dispatching the same fire create exactly one job", asyn
     // Both passes must see the same fire: a minute starting between them is a new fire.
     const toNextMinute = 60_000 - Date.now() % 60_000;
     if (toNextMinute < 5_000) await new Promise((r) => setTimeout(r, toNextMinute + 100));
-    const schedulers = [new Scheduler(app), new Scheduler(app), new Scheduler(app)];
+    const schedulers = [
+      new Scheduler(app.sql, { app }),
+      new Scheduler(app.sql, { app }),
+      new Scheduler(app.sql, { app }),
+    ];
     const results = await Promise.all(schedulers.map((s) => s.runOnce()));
     assertEquals(results.flatMap((r) => r.fired), ["tick"]);
     assertEquals(results.flatMap((r) => r.taken), ["tick", "tick"]);
@@ -191,7 +195,7 @@ Deno.test("missed fires are not backfilled: only the latest fire within the grac
     app.periodic("often", { every: 1_000 }, () => {});
     // Its last fire was 10 h ago at 02:00 UTC or so; far beyond a 60 s grace: nothing.
     app.periodic("stale", { cron: `0 ${(new Date().getUTCHours() + 14) % 24} * * *` }, () => {});
-    const result = await new Scheduler(app).runOnce();
+    const result = await new Scheduler(app.sql, { app }).runOnce();
     assertEquals(result.fired, ["often"]);
     const jobs = await sql`select task from akadze.jobs`;
     assertEquals(jobs.map((r) => r.task), ["often"]);
@@ -201,7 +205,7 @@ Deno.test("missed fires are not backfilled: only the latest fire within the grac
 Deno.test("overlap: false skips a fire while the previous run is active, and records it", async () => {
   await withApp("sched_overlap", async (app, sql) => {
     app.periodic("single", { every: 1_000, overlap: false }, () => {});
-    const scheduler = new Scheduler(app);
+    const scheduler = new Scheduler(app.sql, { app });
     assertEquals((await scheduler.runOnce()).fired, ["single"]);
     await waitFor(
       async () => (await scheduler.runOnce()).skipped.length > 0,
@@ -226,7 +230,7 @@ Deno.test("a schedule whose enqueue fails is logged and does not stop the others
     });
     app.periodic("broken", { every: 60_000 }, () => {});
     app.periodic("fine", { every: 60_000 }, () => {});
-    const result = await new Scheduler(app).runOnce();
+    const result = await new Scheduler(app.sql, { app }).runOnce();
     assertEquals(result.failed, ["broken"]);
     assertEquals(result.fired, ["fine"]);
     const jobs = await sql`select task from akadze.jobs`;

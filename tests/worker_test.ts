@@ -6,10 +6,7 @@ import { AkadzeError } from "../src/errors.ts";
 import { requestCancel } from "../mod.ts";
 import { drain } from "../src/testing.ts";
 import { Worker } from "../src/worker/worker.ts";
-import { Heartbeat } from "../src/worker/heartbeat.ts";
 import { LoopConnection } from "../src/worker/loop_connection.ts";
-import { Pruner } from "../src/worker/pruner.ts";
-import { Rescuer } from "../src/worker/rescuer.ts";
 import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
 import { connect } from "../src/db.ts";
 import {
@@ -530,104 +527,6 @@ Deno.test("an error in beforeRun or afterRun fails the run", async () => {
       1,
       "after hook broke",
     ]);
-  });
-});
-
-Deno.test("the heartbeat registers the worker and re-registers it when its row is removed", async () => {
-  await withApp("w_heartbeat", async (app, sql) => {
-    const hb = new Heartbeat(app.sql, app.schema, {
-      id: "hb-1",
-      hostname: "h",
-      pid: 1,
-      queues: ["a", "b"],
-      heartbeatTtl: 30_000,
-    });
-    assertEquals(await hb.runOnce(), { registered: true, cancelRequested: [], running: [] });
-    const [first] = await sql`select * from akadze.workers`;
-    assertEquals([first.id, first.queues, first.heartbeat_ttl_ms], ["hb-1", ["a", "b"], 30_000]);
-    assertEquals((await hb.runOnce()).registered, false);
-    const [second] = await sql`select heartbeat_at from akadze.workers`;
-    assert(second.heartbeat_at >= first.heartbeat_at);
-    await sql`delete from akadze.workers`;
-    assertEquals((await hb.runOnce()).registered, true);
-    assert(await hb.remove());
-  });
-});
-
-Deno.test("the rescuer returns lost jobs with an attempt spent, fails exhausted ones, removes stale workers", async () => {
-  await withApp("w_rescuer", async (app, sql) => {
-    await sql`insert into akadze.workers (id, hostname, pid, queues, heartbeat_at, heartbeat_ttl_ms)
-              values ('dead', 'h', 1, '{default}', now() - interval '1 minute', 30000),
-                     ('alive', 'h', 2, '{default}', now(), 30000)`;
-    const insert = (worker: string, attempt: number, max: number) =>
-      sql`insert into akadze.jobs (task, state, worker_id, run_count, attempt, max_attempts, started_at)
-          values ('t', 'running', ${worker}, 1, ${attempt}, ${max}, now()) returning id::text as id`;
-    const [dead] = await insert("dead", 0, 3);
-    const [gone] = await insert("vanished", 0, 3);
-    const [last] = await insert("dead", 2, 3);
-    const [alive] = await insert("alive", 0, 3);
-    const result = await new Rescuer(app.sql, app.schema, []).runOnce();
-    assertEquals(result.rescued.map((r) => r.id).sort(), [dead.id, gone.id, last.id].sort());
-    assertEquals(result.removedWorkers, 1);
-    const rows =
-      await sql`select id::text as id, state, attempt, worker_id, errors from akadze.jobs`;
-    const byId = new Map(rows.map((r) => [r.id, r]));
-    assertEquals([byId.get(dead.id)?.state, byId.get(dead.id)?.attempt], ["queued", 1]);
-    assertEquals(byId.get(dead.id)?.errors[0].error, "WorkerLost");
-    assertEquals([byId.get(gone.id)?.state, byId.get(gone.id)?.attempt], ["queued", 1]);
-    assertEquals([byId.get(last.id)?.state, byId.get(last.id)?.attempt], ["failed", 3]);
-    assertEquals(byId.get(alive.id)?.state, "running");
-    assertEquals((await sql`select id from akadze.workers`).map((r) => r.id), ["alive"]);
-  });
-});
-
-Deno.test("the pruner deletes old terminal jobs in bounded batches and keeps the rest", async () => {
-  await withApp("w_pruner", async (app, sql) => {
-    await sql`insert into akadze.jobs (task, state, finished_at)
-              select 't', 'succeeded', now() - interval '8 days' from generate_series(1, 25)`;
-    await sql`insert into akadze.jobs (task, state, finished_at)
-              values ('t', 'failed', now() - interval '1 day'), ('t', 'cancelled', now())`;
-    await sql`insert into akadze.jobs (task, created_at) values ('t', now() - interval '30 days')`;
-    await sql`insert into akadze.periodic_runs (name, fire_at) values
-              ('old', now() - interval '3 days'), ('new', now())`;
-    await sql`insert into akadze.limit_starts (key, started_at, job_id) values ('gone', now(), 1)`;
-    const pruner = new Pruner(app.sql, {
-      schema: app.schema,
-      retention: 7 * 86_400_000,
-      grace: 60_000,
-      batchSize: 10,
-      maxBatches: 2,
-    });
-    assertEquals(await pruner.runOnce(), { jobs: 20, periodicRuns: 1, limitStarts: 1 });
-    assertEquals((await pruner.runOnce()).jobs, 5);
-    const rows = await sql`select state from akadze.jobs order by state`;
-    assertEquals(rows.map((r) => r.state), ["cancelled", "failed", "queued"]);
-  });
-});
-
-Deno.test("a prune skips rows another transaction holds locked instead of waiting for them", async () => {
-  await withApp("w_prune_locked", async (app, sql, db) => {
-    const old = await sql`insert into akadze.jobs (task, state, finished_at)
-                          select 't', 'failed', now() - interval '8 days'
-                            from generate_series(1, 3) returning id`;
-    await sql`insert into akadze.periodic_runs (name, fire_at) values
-              ('a', now() - interval '3 days'), ('b', now() - interval '3 days')`;
-    const pruner = new Pruner(app.sql, { schema: app.schema, retention: 86_400_000, grace: 0 });
-    // Another session keeps one old job and one old fire locked (say, a requeue not yet
-    // committed), for longer than the prune may take.
-    const held = await holdLocks(db.url, async (tx) => {
-      await tx`select 1 from akadze.jobs where id = ${old[0].id} for update`;
-      await tx`select 1 from akadze.periodic_runs where name = 'a' for update`;
-    });
-    try {
-      const timeout = new Promise<"waited">((r) => setTimeout(() => r("waited"), 5_000));
-      const pruned = await Promise.race([pruner.runOnce(), timeout]);
-      assertEquals(pruned, { jobs: 2, periodicRuns: 1, limitStarts: 0 });
-    } finally {
-      await held.release();
-    }
-    assertEquals((await pruner.runOnce()).jobs, 1, "the row is pruned once it is free");
-    assertEquals((await sql`select count(*)::int as n from akadze.periodic_runs`)[0].n, 0);
   });
 });
 

@@ -1,7 +1,7 @@
 /**
  * The claimer: claims ready jobs into the free slots in one statement (`FOR UPDATE SKIP
- * LOCKED`, priority order, pauses honoured, only tasks this worker knows), and cancels
- * queued jobs with a cancel request or a passed expiry (`cancel()`). While `limits` has rows,
+ * LOCKED`, priority order, pauses honoured, only tasks this worker knows); cancelling
+ * queued jobs is the canceller's (canceller.ts). While `limits` has rows,
  * a claim first picks and locks the limit keys that have room and a ready job, best job first,
  * then claims their jobs and jobs without a limit together in one claim order, so `maxRunning`
  * is never exceeded cluster-wide, `maxStarts` per window is counted in `limit_starts`, and a
@@ -12,7 +12,7 @@
  */
 import { PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
-import { JOB_RETURNING, type JobRow, runTransitionHooks, TransitionHookError } from "./job_row.ts";
+import { type JobRow, transitionOneByOne } from "./job_row.ts";
 
 /** A claimed job: its row and its stored arguments. */
 export interface ClaimedJob extends JobRow {
@@ -36,14 +36,6 @@ export interface ClaimResult {
   rolledBack: number;
 }
 
-/** What one cancel pass did. */
-export interface CancelResult {
-  /** Queued jobs cancelled (cancel requested or expired). */
-  cancelled: JobRow[];
-  /** Jobs whose cancel an onTransition hook rolled back. */
-  rolledBack: number;
-}
-
 /** Settings of a {@linkcode Claimer}. */
 export interface ClaimerConfig {
   /** The schema name. */
@@ -56,8 +48,6 @@ export interface ClaimerConfig {
   hooks: readonly OnTransitionHook[];
 }
 
-/** How many queued jobs one pass cancels at most. */
-const CANCEL_BATCH = 500;
 /** How long "there are (no) limits" is trusted before asking again (ms). */
 const LIMITS_RECHECK = 2_000;
 
@@ -68,7 +58,6 @@ export class Claimer {
   #statements: {
     claimOne: string;
     claim: string;
-    cancel: string;
     hasLimits: string;
     keys: string;
     anyKey: string;
@@ -87,7 +76,6 @@ export class Claimer {
     this.#statements = {
       claimOne: claimOneStatement(s),
       claim: claimStatement(s),
-      cancel: cancelStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
       keys: limitKeysStatement(s, true),
       anyKey: limitKeysStatement(s, false),
@@ -102,26 +90,6 @@ export class Claimer {
   async claim(requests: readonly ClaimRequest[], total: number, offset = 0): Promise<ClaimResult> {
     if (await this.#limitsMayApply()) return await this.#claimLimited(requests, total, offset);
     return await this.#claimUnlimited(requests, total, offset);
-  }
-
-  /**
-   * Cancel queued jobs of `queues` with a cancel request or a passed expiry (at most
-   * CANCEL_BATCH per pass). The claim never takes them; this records why they did not run.
-   */
-  async cancel(queues: readonly string[]): Promise<CancelResult> {
-    const run = (sql: Sql | TransactionSql, n: number, excluded: string[]) =>
-      sql.unsafe(this.#statements.cancel, [queues as string[], n, excluded]) as unknown as Promise<
-        JobRow[]
-      >;
-    if (this.#config.hooks.length === 0) {
-      return { cancelled: await run(this.#sql, CANCEL_BATCH, []), rolledBack: 0 };
-    }
-    // One transition per transaction, so a hook error rolls back only that one.
-    const { rows, rolledBack } = await this.#oneByOne(
-      CANCEL_BATCH,
-      (tx, excluded) => run(tx, 1, excluded),
-    );
-    return { cancelled: rows, rolledBack };
   }
 
   /** The claim of jobs without a limits row. */
@@ -239,35 +207,11 @@ export class Claimer {
   }
 
   /** Repeat a one-row transition in its own transaction with the hooks, up to `budget`. */
-  async #oneByOne<R extends JobRow>(
+  #oneByOne<R extends JobRow>(
     budget: number,
     statement: (tx: TransactionSql, excluded: string[]) => Promise<R[]>,
   ): Promise<{ rows: R[]; rolledBack: number }> {
-    const rows: R[] = [];
-    const excluded: string[] = [];
-    let rolledBack = 0;
-    while (budget > 0) {
-      let got: R[];
-      try {
-        got = await this.#sql.begin(async (tx) => {
-          const changed = await statement(tx, excluded);
-          for (const row of changed) {
-            await runTransitionHooks(this.#config.hooks, tx, row, "queued");
-          }
-          return changed;
-        }) as R[];
-      } catch (error) {
-        if (!(error instanceof TransitionHookError)) throw error;
-        rolledBack++;
-        budget--;
-        excluded.push(error.jobId);
-        continue;
-      }
-      if (got.length === 0) break;
-      rows.push(...got);
-      budget -= got.length;
-    }
-    return { rows, rolledBack };
+    return transitionOneByOne(this.#sql, this.#config.hooks, budget, statement);
   }
 
   /** Claimed rows, read as arrays of {@linkcode CLAIM_RETURNING} (see there). */
@@ -428,20 +372,6 @@ function claimStatement(s: string): string {
       limit $4
     )
     ${claimUpdate(s, "$7")}`;
-}
-
-/** Cancel queued jobs: $1 queues, $2 how many, $3 excluded ids. */
-function cancelStatement(s: string): string {
-  return `
-    update ${s}.jobs j set state = 'cancelled', finished_at = now()
-     where j.id in (
-       select c.id from ${s}.jobs c
-        where c.state = 'queued' and c.queue = any($1::text[])
-          and (c.cancel_requested_at is not null or c.expires_at <= now())
-          and c.id <> all($3::bigint[])
-        limit $2
-        for update skip locked)
-    returning ${JOB_RETURNING}`;
 }
 
 /** How many more jobs of key `l` (a `limits` row) may start now, counted per key. */

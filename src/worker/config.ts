@@ -113,7 +113,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   }
   for (const queue of queues) checkQueueName(queue);
   if (new Set(queues).size !== queues.length) throw new AkadzeError("queues has duplicates");
-  const slots = integer("slots", options.slots ?? WORKER_DEFAULTS.slots, 1, SLOTS_MAX);
+  const slots = checkInteger("slots", options.slots ?? WORKER_DEFAULTS.slots, 1, SLOTS_MAX);
   const ms = (name: keyof typeof WORKER_DEFAULTS & keyof WorkerOptions) => {
     const value = options[name] ?? WORKER_DEFAULTS[name];
     if (typeof value !== "number" || !(value > 0) || value > MS_MAX) {
@@ -130,10 +130,10 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   }
   const maxJobs = options.maxJobs === undefined
     ? undefined
-    : integer("maxJobs", options.maxJobs, 1, Number.MAX_SAFE_INTEGER);
+    : checkInteger("maxJobs", options.maxJobs, 1, Number.MAX_SAFE_INTEGER);
   const metricsPort = options.metricsPort === undefined
     ? undefined
-    : integer("metricsPort", options.metricsPort, 0, PORT_MAX);
+    : checkInteger("metricsPort", options.metricsPort, 0, PORT_MAX);
   const metricsHost = options.metricsHost ?? WORKER_DEFAULTS.metricsHost;
   if (typeof metricsHost !== "string" || metricsHost.length === 0) {
     throw new AkadzeError("metricsHost must be a non-empty host name or address");
@@ -169,7 +169,11 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   };
 }
 
-function integer(name: string, value: unknown, min: number, max: number): number {
+/**
+ * `value` as an integer from `min` to `max`, or an `AkadzeError` naming the setting: the
+ * validation of the worker's options and of each service's settings.
+ */
+export function checkInteger(name: string, value: unknown, min: number, max: number): number {
   if (!isIntegerIn(value, min, max)) {
     throw new AkadzeError(`${name} must be an integer from ${min} to ${max}, got ${value}`);
   }

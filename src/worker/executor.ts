@@ -34,9 +34,10 @@ export interface Execution {
 
 /**
  * Receives a run's outcome, once: the outcome to write, or null when `completeTx` already
- * wrote it. It may be called before `start` returns (a synchronous handler).
+ * wrote it, and how long the run took (ms, for the metrics). It may be called before
+ * `start` returns (a synchronous handler).
  */
-export type OnOutcome = (outcome: Outcome | null) => void;
+export type OnOutcome = (outcome: Outcome | null, durationMs: number) => void;
 
 /** Runs jobs of one app. */
 export class Executor {
@@ -46,13 +47,14 @@ export class Executor {
   #lockJob: string;
 
   /**
-   * Make an executor; `secrets` (and each job's argument values) are redacted from stored
-   * error messages.
+   * Make an executor; the pool's password (and each job's argument values) are redacted
+   * from stored error messages.
    */
-  constructor(app: Akadze, completer: Completer, secrets: string[]) {
+  constructor(app: Akadze, completer: Completer) {
     this.#app = app;
     this.#completer = completer;
-    this.#secrets = secrets;
+    const password = (app.sql.options as { pass?: unknown }).pass;
+    this.#secrets = typeof password === "string" && password ? [password] : [];
     this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
         coalesce(expires_at <= now(), false) as expired
       from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;
@@ -80,9 +82,10 @@ export class Executor {
       finished = true;
       if (timer !== undefined) clearTimeout(timer);
       const outcome = this.#outcome(task, job, row.args, ctx, settled);
+      const durationMs = performance.now() - startedAt;
       // Only a failed run's outcome says how long it took (the log of its failure).
-      if (outcome?.error) outcome.durationMs = Math.round(performance.now() - startedAt);
-      onOutcome(outcome);
+      if (outcome?.error) outcome.durationMs = Math.round(durationMs);
+      onOutcome(outcome, durationMs);
     };
     const interrupt = (reason: Interrupt) => {
       if (finished) return;

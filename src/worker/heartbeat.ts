@@ -1,13 +1,24 @@
 /**
  * The heartbeat: one statement per worker (not per job) that registers the worker row or
  * renews its `heartbeat_at`, and reports which of its running jobs have a cancel request.
+ * It keeps the worker's lease: when it is due, whether the last beat worked, when the
+ * lease is lost, and the watchdog for a loop stuck in a statement.
  *
  * @module
  */
-import { quoteSchema, type Sql } from "../db.ts";
+import { describeError, isTransientError, quoteSchema, type Sql } from "../db.ts";
+import { AkadzeError } from "../errors.ts";
+import { logHeartbeatFailed, logHeartbeatFileFailed, logRegistered } from "./log_events.ts";
 
-/** Who this worker is, as stored in the workers table. */
-export interface WorkerIdentity {
+/** How often a worker beats, by default (ms): `WORKER_DEFAULTS.heartbeatInterval`. */
+export const HEARTBEAT_INTERVAL_DEFAULT = 5_000;
+/** How soon a failed beat is tried again at most (ms). */
+export const HEARTBEAT_RETRY = 1_000;
+
+/** Settings of a {@linkcode Heartbeat}: who this worker is, as stored in the workers table. */
+export interface HeartbeatConfig {
+  /** The schema name. */
+  schema: string;
   /** Unique per process. */
   id: string;
   /** Host name. */
@@ -18,7 +29,19 @@ export interface WorkerIdentity {
   queues: readonly string[];
   /** Its heartbeatTtl in ms (others rescue its jobs after that long without a beat). */
   heartbeatTtl: number;
+  /** How often it beats (ms). Default {@linkcode HEARTBEAT_INTERVAL_DEFAULT}. */
+  heartbeatInterval?: number;
+  /** Give up after heartbeatTtl without a first beat (a batch run). Default false. */
+  giveUpUnregistered?: boolean;
+  /** Called when a beat timed out: its connection may hang, the next beat needs a new one. */
+  onTimeout?: () => void;
 }
+
+/** A due beat's lease: the beat, or no beat (retried soon), or the lease lost. */
+export type Lease =
+  | { kind: "beat"; beat: BeatResult }
+  | { kind: "failed" }
+  | { kind: "lost"; message: string };
 
 /** What one beat found. */
 export interface BeatResult {
@@ -33,17 +56,32 @@ export interface BeatResult {
 /** Keeps one worker's row alive. */
 export class Heartbeat {
   #sql: Sql;
-  #identity: WorkerIdentity;
+  #config: Required<HeartbeatConfig>;
   #beat: string;
   #remove: string;
+  #ok = false;
+  #startedAt = 0;
   /** `performance.now()` of the last successful beat, or null before the first. */
   lastSuccess: number | null = null;
+  /** `performance.now()` when the next beat is due. */
+  nextBeat = 0;
 
   /** Make a heartbeat on a connection (the worker gives it its loop's own). */
-  constructor(sql: Sql, schema: string, identity: WorkerIdentity) {
+  constructor(sql: Sql, config: HeartbeatConfig) {
+    const heartbeatInterval = config.heartbeatInterval ?? HEARTBEAT_INTERVAL_DEFAULT;
+    if (!(heartbeatInterval > 0 && config.heartbeatTtl > heartbeatInterval)) {
+      throw new AkadzeError(
+        `heartbeatTtl (${config.heartbeatTtl} ms) must be longer than heartbeatInterval (${heartbeatInterval} ms)`,
+      );
+    }
     this.#sql = sql;
-    this.#identity = identity;
-    const s = quoteSchema(schema);
+    this.#config = {
+      ...config,
+      heartbeatInterval,
+      giveUpUnregistered: config.giveUpUnregistered ?? false,
+      onTimeout: config.onTimeout ?? (() => {}),
+    };
+    const s = quoteSchema(config.schema);
     this.#beat = `
       with hb as (
         insert into ${s}.workers (id, hostname, pid, queues, heartbeat_ttl_ms)
@@ -66,8 +104,8 @@ export class Heartbeat {
    * (a connection hanging in a network partition) fails as a transient timeout, so the
    * lease clock keeps running.
    */
-  async runOnce(timeoutMs = this.#identity.heartbeatTtl / 2): Promise<BeatResult> {
-    const { id, hostname, pid, queues, heartbeatTtl } = this.#identity;
+  async runOnce(timeoutMs = this.#config.heartbeatTtl / 2): Promise<BeatResult> {
+    const { id, hostname, pid, queues, heartbeatTtl } = this.#config;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const [row] = await Promise.race([
       this.#sql.unsafe(this.#beat, [
@@ -96,9 +134,104 @@ export class Heartbeat {
     return { registered: row.registered, cancelRequested: row.cancel, running };
   }
 
+  /** Whether the last beat worked (the loop claims only then). */
+  get ok(): boolean {
+    return this.#ok;
+  }
+
+  /** A run begins: a batch run counts its time without a first beat from now. */
+  begin(): void {
+    this.#startedAt = performance.now();
+  }
+
+  /** Whether a beat is due now. */
+  due(): boolean {
+    return performance.now() >= this.nextBeat;
+  }
+
+  /**
+   * Beat now and schedule the next one. A transient failure is logged and retried within
+   * {@linkcode HEARTBEAT_RETRY}; the lease is lost after heartbeatTtl without a beat. Any
+   * other error is thrown (fatal).
+   */
+  async beat(): Promise<Lease> {
+    const now = performance.now();
+    const { id, heartbeatInterval, heartbeatTtl } = this.#config;
+    try {
+      const beat = await this.runOnce();
+      if (beat.registered && !this.#ok) logRegistered(id);
+      this.#ok = true;
+      this.nextBeat = now + heartbeatInterval;
+      return { kind: "beat", beat };
+    } catch (error) {
+      if (!isTransientError(error)) throw error;
+      if ((error as { name?: unknown }).name === "HeartbeatTimeout") this.#config.onTimeout();
+      this.#ok = false;
+      this.nextBeat = now + Math.min(heartbeatInterval, HEARTBEAT_RETRY);
+      logHeartbeatFailed(id, error);
+      const last = this.lastSuccess;
+      if (last !== null && now - last >= heartbeatTtl) {
+        return {
+          kind: "lost",
+          message: `no heartbeat succeeded for ${Math.round((now - last) / 1000)} s`,
+        };
+      }
+      // A long-running worker waits for a database that is down (SPEC §5.10); a batch run
+      // (cron, CI) must end, so it gives up after heartbeatTtl without a first beat.
+      const waited = now - this.#startedAt;
+      if (last === null && this.#config.giveUpUnregistered && waited >= heartbeatTtl) {
+        return {
+          kind: "lost",
+          message: `could not reach the database for ${
+            Math.round(waited / 1000)
+          } s (a batch run gives up after heartbeatTtl): ${describeError(error)}`,
+        };
+      }
+      return { kind: "failed" };
+    }
+  }
+
+  /**
+   * A backstop for a loop stuck in a statement that never returns (a network partition):
+   * `stalled` resolves once no beat succeeded for heartbeatTtl + heartbeatInterval, until
+   * `stop()`.
+   */
+  watch(): { stalled: Promise<void>; stop(): void } {
+    const { heartbeatInterval, heartbeatTtl } = this.#config;
+    let timer: ReturnType<typeof setInterval> | undefined;
+    const stalled = new Promise<void>((resolve) => {
+      timer = setInterval(() => {
+        const last = this.lastSuccess;
+        if (last !== null && performance.now() - last > heartbeatTtl + heartbeatInterval) {
+          resolve();
+        }
+      }, Math.min(1_000, heartbeatInterval));
+    });
+    return { stalled, stop: () => clearInterval(timer) };
+  }
+
   /** Remove the worker row (on a clean stop), unless jobs still run under it. */
   async remove(): Promise<boolean> {
-    const result = await this.#sql.unsafe(this.#remove, [this.#identity.id]);
+    const result = await this.#sql.unsafe(this.#remove, [this.#config.id]);
     return result.count > 0;
+  }
+}
+
+/** Write the time to the heartbeat file (a liveness probe without database access). */
+export async function touchHeartbeatFile(path: string | undefined): Promise<void> {
+  if (!path) return;
+  try {
+    await Deno.writeTextFile(path, `${Date.now()}\n`);
+  } catch (error) {
+    logHeartbeatFileFailed(error);
+  }
+}
+
+/** This machine's host name, as the workers table records it. */
+export function hostName(): string {
+  try {
+    return Deno.hostname();
+  } catch {
+    return "unknown-host";
   }
 }

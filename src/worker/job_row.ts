@@ -98,6 +98,42 @@ export async function applyTransitions<T>(
   return result;
 }
 
+/**
+ * Repeat a one-row transition from `queued` (a claim, a cancel) in its own transaction with
+ * the hooks, up to `budget` rows or until it changes none; a row whose hook fails is
+ * rolled back alone and excluded from the next tries.
+ */
+export async function transitionOneByOne<R extends JobRow>(
+  sql: Sql,
+  hooks: readonly OnTransitionHook[],
+  budget: number,
+  statement: (tx: TransactionSql, excluded: string[]) => Promise<R[]>,
+): Promise<{ rows: R[]; rolledBack: number }> {
+  const rows: R[] = [];
+  const excluded: string[] = [];
+  let rolledBack = 0;
+  while (budget > 0) {
+    let got: R[];
+    try {
+      got = await sql.begin(async (tx) => {
+        const changed = await statement(tx, excluded);
+        for (const row of changed) await runTransitionHooks(hooks, tx, row, "queued");
+        return changed;
+      }) as R[];
+    } catch (error) {
+      if (!(error instanceof TransitionHookError)) throw error;
+      rolledBack++;
+      budget--;
+      excluded.push(error.jobId);
+      continue;
+    }
+    if (got.length === 0) break;
+    rows.push(...got);
+    budget -= got.length;
+  }
+  return { rows, rolledBack };
+}
+
 /** An error thrown by an `onTransition` hook (its cause is the hook's error). */
 export class TransitionHookError extends Error {
   /** The job whose transition was rolled back. */

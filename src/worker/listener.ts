@@ -1,39 +1,136 @@
 /**
  * The listener: LISTEN on a dedicated connection (postgres.js keeps one per instance for
  * listening and reconnects it) for new jobs in this worker's queues and for cancel
- * requests, so the worker reacts at once instead of at its next poll.
+ * requests, so the worker reacts at once instead of at its next poll. A LISTEN the server
+ * refuses for now leaves the worker polling and is tried again; the first that works is
+ * probed once, so a pooler that drops notifications is reported.
  *
  * @module
  */
-import { cancelChannel, jobsChannel, type Sql } from "../db.ts";
+import { cancelChannel, connect, isTransientError, jobsChannel, type Sql } from "../db.ts";
+import {
+  logListenFailed,
+  logListenProbed,
+  logListenStarted,
+  logListenUnavailable,
+} from "./log_events.ts";
 import { settleWithin } from "./settle.ts";
+
+/** How long after a failed LISTEN it is tried again (ms); the worker polls meanwhile. */
+export const LISTEN_RETRY_DEFAULT = 5_000;
+/** How long the probe notification may take before LISTEN counts as not working (ms). */
+export const PROBE_TIMEOUT_DEFAULT = 10_000;
 
 /** The start of a probe's payload (a space: never part of a queue name). */
 const PROBE_PREFIX = "akadze probe ";
 
-/** What the listener calls. */
-export interface ListenerHandlers {
+/** Settings of a {@linkcode Listener}: what it listens for and whom it tells. */
+export interface ListenerConfig {
+  /** The schema name (the channels are per schema). */
+  schema: string;
+  /** The worker's queues: a new job in another queue is ignored. */
+  queues: readonly string[];
   /** A job was enqueued in one of the worker's queues. */
   onJobs(): void;
   /** A cancel was requested for this job id. */
   onCancel(jobId: string): void;
+  /** For the log lines of {@linkcode Listener.ensure}. */
+  workerId?: string;
+  /** The worker's poll interval (the log lines say it). */
+  pollInterval?: number;
+  /** Whether `sql` is the app's `listenUrl` connection (the advice differs). */
+  viaListenUrl?: boolean;
+  /** The connection a probe notification is sent on (as an enqueue would). */
+  probeSql?: Sql;
+  /** Whether the worker is stopping: an unanswered probe then says nothing. */
+  stopping?: () => boolean;
+  /** See {@linkcode LISTEN_RETRY_DEFAULT}. */
+  listenRetry?: number;
+  /** See {@linkcode PROBE_TIMEOUT_DEFAULT}. */
+  probeTimeout?: number;
+  /**
+   * Listen on a connection of its own to this address (the app's `listenUrl`), ended by
+   * {@linkcode Listener.close}, instead of on `sql`.
+   */
+  listenUrl?: string;
 }
 
 /** Listens for one worker. */
 export class Listener {
   #sql: Sql;
-  #schema: string;
+  #config: ListenerConfig;
   #queues: Set<string>;
-  #handlers: ListenerHandlers;
   #unlisten: (() => Promise<void>)[] = [];
   #probes = new Map<string, () => void>();
+  #nextListen = 0;
+  #failing = false;
+  #probed = false;
+  #probeStop = new AbortController();
+  #own: Sql | null;
 
-  /** Make a listener (nothing happens until `start`). */
-  constructor(sql: Sql, schema: string, queues: readonly string[], handlers: ListenerHandlers) {
-    this.#sql = sql;
-    this.#schema = schema;
-    this.#queues = new Set(queues);
-    this.#handlers = handlers;
+  /**
+   * Make a listener (nothing is listened to until `start` or `ensure`); with `listenUrl`,
+   * its connection is made now (connect's errors are thrown).
+   */
+  constructor(sql: Sql, config: ListenerConfig) {
+    this.#own = config.listenUrl === undefined ? null : openListenConnection(sql, config.listenUrl);
+    this.#sql = this.#own ?? sql;
+    this.#config = config;
+    this.#queues = new Set(config.queues);
+  }
+
+  /**
+   * LISTEN unless listening, not sooner than `listenRetry` after a failure. A connection
+   * the server refuses for now (too many clients, say) is logged once (`listen_failed`)
+   * and tried again later; other errors are thrown. The first success is probed.
+   */
+  async ensure(): Promise<void> {
+    if (this.listening || performance.now() < this.#nextListen) return;
+    const { workerId = "", pollInterval = 0 } = this.#config;
+    try {
+      await this.start();
+    } catch (error) {
+      if (!isTransientError(error)) throw error;
+      this.#nextListen = performance.now() + (this.#config.listenRetry ?? LISTEN_RETRY_DEFAULT);
+      if (!this.#failing) logListenFailed(workerId, pollInterval, error);
+      this.#failing = true;
+      return;
+    }
+    if (this.#failing) logListenStarted(workerId);
+    this.#failing = false;
+    if (!this.#probed && this.#config.probeSql) {
+      this.#probed = true;
+      void this.#probeOnce(this.#config.probeSql);
+    }
+  }
+
+  /**
+   * Check once that a notification sent through the app's connection arrives; when it does
+   * not (a pooler in transaction mode), say so once: the worker then only polls.
+   */
+  async #probeOnce(sql: Sql): Promise<void> {
+    const { workerId = "", pollInterval = 0 } = this.#config;
+    const stop = this.#probeStop.signal;
+    let arrived: boolean;
+    try {
+      arrived = await this.probe(
+        (channel, payload) => sql`select pg_notify(${channel}, ${payload})`,
+        this.#config.probeTimeout ?? PROBE_TIMEOUT_DEFAULT,
+        stop,
+      );
+    } catch {
+      return; // the database is unreachable now: nothing to conclude
+    }
+    if (arrived) return logListenProbed(workerId);
+    if (stop.aborted || this.#config.stopping?.()) return;
+    logListenUnavailable(workerId, pollInterval, this.#config.viaListenUrl ?? false);
+  }
+
+  /** The run ends: end a probe still waiting, UNLISTEN, end the `listenUrl` connection. */
+  async close(): Promise<void> {
+    this.#probeStop.abort();
+    await this.stop();
+    if (this.#own) await this.#own.end({ timeout: 1 }).catch(() => {});
   }
 
   /** Whether both channels are being listened to. */
@@ -45,14 +142,15 @@ export class Listener {
   async start(): Promise<void> {
     if (this.listening) return;
     await this.stop();
-    const jobs = await this.#sql.listen(jobsChannel(this.#schema), (payload) => {
+    const { schema } = this.#config;
+    const jobs = await this.#sql.listen(jobsChannel(schema), (payload) => {
       if (payload.startsWith(PROBE_PREFIX)) return this.#probes.get(payload)?.();
-      if (payload.split(",").some((queue) => this.#queues.has(queue))) this.#handlers.onJobs();
+      if (payload.split(",").some((queue) => this.#queues.has(queue))) this.#config.onJobs();
     });
     this.#unlisten.push(jobs.unlisten);
     const cancel = await this.#sql.listen(
-      cancelChannel(this.#schema),
-      (payload) => this.#handlers.onCancel(payload),
+      cancelChannel(schema),
+      (payload) => this.#config.onCancel(payload),
     );
     this.#unlisten.push(cancel.unlisten);
   }
@@ -74,7 +172,7 @@ export class Listener {
     let timer: ReturnType<typeof setTimeout> | undefined;
     let onAbort = () => {};
     try {
-      await send(jobsChannel(this.#schema), payload);
+      await send(jobsChannel(this.#config.schema), payload);
       return await Promise.race([
         received,
         new Promise<boolean>((resolve) => {
@@ -99,4 +197,14 @@ export class Listener {
     const unlisten = this.#unlisten.splice(0);
     await settleWithin(Promise.all(unlisten.map((fn) => fn().catch(() => {}))), timeoutMs);
   }
+}
+
+/** One connection to `listenUrl`, named as the pool's connections are. */
+function openListenConnection(pool: Sql, listenUrl: string): Sql {
+  const options = pool.options as { connection?: { application_name?: unknown } };
+  const name = options.connection?.application_name;
+  return connect(listenUrl, {
+    max: 1,
+    applicationName: typeof name === "string" ? name : undefined,
+  });
 }

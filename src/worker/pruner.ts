@@ -9,6 +9,17 @@
  */
 import { quoteSchema, type Sql } from "../db.ts";
 import { deleteOldJobsStatement } from "../old_jobs.ts";
+import { checkInteger } from "./config.ts";
+import { logPruned, logPruneFailed } from "./log_events.ts";
+import { Periodic } from "./periodic.ts";
+import { settleWithin } from "./settle.ts";
+
+/** Rows per DELETE, by default. */
+export const PRUNE_BATCH_DEFAULT = 1000;
+/** DELETE statements per table and pass at most, by default. */
+export const PRUNE_MAX_BATCHES_DEFAULT = 10;
+/** How often a worker prunes, by default (ms): `WORKER_DEFAULTS.pruneInterval`. */
+export const PRUNE_INTERVAL_DEFAULT = 60_000;
 
 /** Settings of a {@linkcode Pruner}. */
 export interface PrunerConfig {
@@ -18,10 +29,12 @@ export interface PrunerConfig {
   retention: number;
   /** Keep periodic_runs at least this long (ms): the schedules' grace. */
   grace: number;
-  /** Rows per DELETE. Default 1000. */
+  /** Rows per DELETE. Default {@linkcode PRUNE_BATCH_DEFAULT}. */
   batchSize?: number;
-  /** DELETE statements per table and pass at most. Default 10. */
+  /** DELETE statements per table and pass at most. Default {@linkcode PRUNE_MAX_BATCHES_DEFAULT}. */
   maxBatches?: number;
+  /** How often {@linkcode Pruner.startIfDue} prunes (jittered ±10 %). Default {@linkcode PRUNE_INTERVAL_DEFAULT}. */
+  interval?: number;
 }
 
 /** What one prune pass deleted. */
@@ -35,15 +48,28 @@ export interface PruneResult {
 }
 
 /** Deletes old rows. */
-export class Pruner {
+export class Pruner extends Periodic<PruneResult> {
   #sql: Sql;
-  #config: Required<PrunerConfig>;
+  #config: Required<Omit<PrunerConfig, "interval">>;
   #statements: { jobs: string; periodicRuns: string; limitStarts: string };
+  #pruning: Promise<void> | null = null;
 
-  /** Make a pruner on a pool. */
+  /** Make a pruner on a pool (it runs beside the loop, not on its connection). */
   constructor(sql: Sql, config: PrunerConfig) {
+    super(config.interval ?? PRUNE_INTERVAL_DEFAULT);
     this.#sql = sql;
-    this.#config = { batchSize: 1000, maxBatches: 10, ...config };
+    this.#config = {
+      schema: config.schema,
+      retention: config.retention,
+      grace: config.grace,
+      batchSize: checkInteger("batchSize", config.batchSize ?? PRUNE_BATCH_DEFAULT, 1, 1e6),
+      maxBatches: checkInteger(
+        "maxBatches",
+        config.maxBatches ?? PRUNE_MAX_BATCHES_DEFAULT,
+        1,
+        1e6,
+      ),
+    };
     const s = quoteSchema(config.schema);
     this.#statements = {
       jobs: deleteOldJobsStatement(s, true),
@@ -62,10 +88,10 @@ export class Pruner {
     };
   }
 
-  /** Delete one bounded round of old rows from each table. */
+  /** Delete one bounded round of old rows from each table (logged `pruned`, debug). */
   async runOnce(): Promise<PruneResult> {
     const { retention, grace } = this.#config;
-    return {
+    const pruned = {
       jobs: await this.#drain(this.#statements.jobs, [retention]),
       // A fire older than the grace can never be enqueued again; keep a day for inspection.
       periodicRuns: await this.#drain(this.#statements.periodicRuns, [
@@ -73,6 +99,29 @@ export class Pruner {
       ]),
       limitStarts: await this.#drain(this.#statements.limitStarts, []),
     };
+    logPruned(pruned);
+    return pruned;
+  }
+
+  /** A run begins: its first prune comes at a random point within one interval. */
+  override begin(): void {
+    super.begin(Math.random() * this.interval);
+  }
+
+  /**
+   * Start a prune beside the caller when one is due and none runs: deleting thousands of
+   * old rows takes a while and no claim needs to wait for it. A failure is logged
+   * (`prune_failed`); the next prune comes an interval later.
+   */
+  startIfDue(): void {
+    if (this.#pruning !== null || !this.takeDue(0.9 + 0.2 * Math.random())) return;
+    this.#pruning = this.runOnce().then(() => {}, logPruneFailed)
+      .finally(() => this.#pruning = null);
+  }
+
+  /** Wait for a running prune, at most `ms`: one stuck on an unanswering database is left. */
+  settle(ms: number): Promise<void> {
+    return settleWithin(this.#pruning, ms);
   }
 
   async #drain(text: string, params: number[]): Promise<number> {

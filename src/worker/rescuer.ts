@@ -7,44 +7,64 @@
  */
 import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
+import { checkInteger } from "./config.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
+import { logRescued } from "./log_events.ts";
+import { HEARTBEAT_INTERVAL_DEFAULT } from "./heartbeat.ts";
+import { Periodic } from "./periodic.ts";
+
+/** How many jobs one pass rescues at most, by default. */
+export const RESCUE_BATCH_DEFAULT = 1000;
+
+/** Settings of a {@linkcode Rescuer}. */
+export interface RescuerConfig {
+  /** The schema name. */
+  schema: string;
+  /** `onTransition` hooks; with hooks, each rescue gets its own transaction. */
+  hooks: readonly OnTransitionHook[];
+  /** Jobs one pass rescues at most. Default {@linkcode RESCUE_BATCH_DEFAULT}. */
+  batchSize?: number;
+  /** How often `runIfDue` rescues (ms; the worker's heartbeatInterval). Default 5000. */
+  interval?: number;
+}
 
 /** What one rescue pass did. */
 export interface RescueResult {
-  /** Jobs put back (queued or failed). */
-  rescued: JobRow[];
+  /** Jobs put back (queued, or failed when no attempt was left). */
+  rescued: number;
+  /** Of those, the jobs that failed. */
+  failed: number;
   /** Stale worker rows removed. */
   removedWorkers: number;
 }
 
-/** How many jobs one pass rescues at most. */
-const RESCUE_BATCH = 1000;
-
 /** Rescues the jobs of dead workers. */
-export class Rescuer {
+export class Rescuer extends Periodic<RescueResult> {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
   #find: string;
   #rescue: string;
   #removeStale: string;
 
-  /** Make a rescuer on a pool. */
-  constructor(sql: Sql, schema: string, hooks: readonly OnTransitionHook[]) {
+  /** Make a rescuer (the worker gives it its loop's connection). */
+  constructor(sql: Sql, config: RescuerConfig) {
+    super(config.interval ?? HEARTBEAT_INTERVAL_DEFAULT);
+    const batch = checkInteger("batchSize", config.batchSize ?? RESCUE_BATCH_DEFAULT, 1, 1e6);
     this.#sql = sql;
-    this.#hooks = hooks;
-    const s = quoteSchema(schema);
+    this.#hooks = config.hooks;
+    const s = quoteSchema(config.schema);
     // A job is lost when its worker row is gone or its heartbeat is older than that
     // worker's own TTL (database clock).
     const lost = `c.state = 'running' and not exists (
         select 1 from ${s}.workers w
          where w.id = c.worker_id
            and w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond')`;
-    this.#find = `select c.id::text as id from ${s}.jobs c where ${lost} limit ${RESCUE_BATCH}`;
+    this.#find = `select c.id::text as id from ${s}.jobs c where ${lost} limit ${batch}`;
     this.#rescue = `
       with lost as (
         select c.id, c.worker_id from ${s}.jobs c
          where ${lost} and ($1::bigint[] is null or c.id = any($1::bigint[]))
-         limit ${RESCUE_BATCH}
+         limit ${batch}
          for update of c skip locked)
       update ${s}.jobs j set
         attempt = j.attempt + 1,
@@ -66,7 +86,7 @@ export class Rescuer {
          and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
   }
 
-  /** Rescue lost jobs, then remove stale worker rows. */
+  /** Rescue lost jobs (each logged `job_rescued`), then remove stale worker rows. */
   async runOnce(): Promise<RescueResult> {
     let rescued: JobRow[];
     if (this.#hooks.length === 0) {
@@ -82,7 +102,12 @@ export class Rescuer {
       )).rows;
     }
     const removed = await this.#sql.unsafe(this.#removeStale);
-    return { rescued, removedWorkers: removed.count };
+    for (const row of rescued) logRescued(row);
+    return {
+      rescued: rescued.length,
+      failed: rescued.filter((row) => row.state === "failed").length,
+      removedWorkers: removed.count,
+    };
   }
 
   async #statement(tx: Sql | TransactionSql, ids: readonly string[] | null): Promise<JobRow[]> {

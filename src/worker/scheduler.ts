@@ -7,9 +7,15 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError, quoteSchema, type Sql } from "../db.ts";
-import { logger } from "../log.ts";
+import { isTransientError, quoteSchema, type Sql } from "../db.ts";
 import type { Schedule } from "../schedule.ts";
+import { logScheduleFailed, logScheduleFired, logScheduleSkipped } from "./log_events.ts";
+
+/** Settings of a {@linkcode Scheduler}. */
+export interface SchedulerConfig {
+  /** The app whose schedules it dispatches (and whose `grace` applies). */
+  app: Akadze;
+}
 
 /** What one pass did, by schedule name. */
 export interface SchedulerResult {
@@ -23,9 +29,12 @@ export interface SchedulerResult {
   failed: string[];
 }
 
-const CLOCK_SYNC_EVERY = 60_000;
-const RETRY_MIN = 1_000;
-const RETRY_MAX = 60_000;
+/** How often the database's clock is read again (ms). */
+export const CLOCK_SYNC_EVERY = 60_000;
+/** The first wait before a failed schedule is tried again (ms); it doubles per failure. */
+export const RETRY_MIN = 1_000;
+/** The longest wait before a failed schedule is tried again (ms). */
+export const RETRY_MAX = 60_000;
 /**
  * How long a dispatch waits for a row lock (e.g. the same fire's row, inserted by another
  * worker whose transaction has not ended). That worker may be frozen mid-transaction (a
@@ -40,7 +49,6 @@ const LOCK_NOT_AVAILABLE = "55P03";
 export class Scheduler {
   #app: Akadze;
   #sql: Sql;
-  #log = logger("schedule");
   #statements: { claim: string; busy: string; link: string; now: string };
   /** The last fire handled (or given up on) per schedule, in ms. */
   #handled = new Map<string, number>();
@@ -49,8 +57,9 @@ export class Scheduler {
   #offset = 0;
   #nextSync = 0;
 
-  /** Make a scheduler for an app's schedules, on `sql` (default the app's pool). */
-  constructor(app: Akadze, sql: Sql = app.sql) {
+  /** Make a scheduler for an app's schedules, on `sql` (the worker gives it its loop's). */
+  constructor(sql: Sql, config: SchedulerConfig) {
+    const app = config.app;
     this.#app = app;
     this.#sql = sql;
     const s = quoteSchema(app.schema);
@@ -93,12 +102,7 @@ export class Scheduler {
         const busy = (error as { code?: unknown }).code === LOCK_NOT_AVAILABLE;
         if (!isTransientError(error) && !busy) {
           // Database unreachable is the worker's business; anything else is this schedule's.
-          this.#log.error("schedule {schedule} failed to fire: {message}", {
-            event: "schedule_failed",
-            schedule: schedule.name,
-            fireAt: fire.toISOString(),
-            message: describeError(error),
-          });
+          logScheduleFailed(schedule.name, fire, error);
         }
         const delay = Math.min(Math.max((retry?.delay ?? 0) * 2, RETRY_MIN), RETRY_MAX);
         this.#retry.set(schedule.name, { at: Date.now() + delay, delay });
@@ -122,19 +126,8 @@ export class Scheduler {
       await tx.unsafe(link, [schedule.name, fire, id]);
       return { kind: "fired" as const, id };
     });
-    const props = { schedule: schedule.name, fireAt: fire.toISOString() };
-    if (outcome.kind === "fired") {
-      this.#log.info("schedule {schedule} fired job {jobId}", {
-        event: "schedule_fired",
-        jobId: outcome.id,
-        ...props,
-      });
-    } else if (outcome.kind === "skipped") {
-      this.#log.info("schedule {schedule} skipped: its previous run is still active", {
-        event: "schedule_skipped",
-        ...props,
-      });
-    }
+    if (outcome.kind === "fired") logScheduleFired(schedule.name, fire, outcome.id);
+    else if (outcome.kind === "skipped") logScheduleSkipped(schedule.name, fire);
     return outcome.kind;
   }
 

@@ -6,6 +6,9 @@
  *
  * @module
  */
+import type { Sql } from "../db.ts";
+import { renderMetrics } from "../metrics.ts";
+import { logMetricsListening, logMetricsQueueStateFailed } from "./log_events.ts";
 
 /** How a run ended, as the database recorded it: the `outcome` label. */
 export type FinishedOutcome =
@@ -231,4 +234,40 @@ export async function serveMetrics(options: {
   // A taken address throws from Deno.serve itself; onListen runs before it returns.
   const addr = await listened;
   return { hostname: addr.hostname, port: addr.port, shutdown: () => server.shutdown() };
+}
+
+/**
+ * Serve a worker's metrics at `GET /metrics` when `metricsPort` is set (null otherwise);
+ * with `metricsQueueState`, each scrape adds the queue gauges of `renderMetrics`, read on
+ * the app's pool. Rejects when the address is taken.
+ */
+export async function serveWorkerMetrics(
+  metrics: WorkerMetrics,
+  options: {
+    metricsHost: string;
+    metricsPort?: number;
+    metricsQueueState: boolean;
+    app: { sql: Sql; schema: string };
+  },
+): Promise<MetricsServer | null> {
+  const { metricsHost: host, metricsPort: port, metricsQueueState: queueState } = options;
+  const { sql, schema } = options.app;
+  if (port === undefined) return null;
+  const server = await serveMetrics({
+    hostname: host,
+    port,
+    render: async () => {
+      const own = metrics.render();
+      if (!queueState) return own;
+      try {
+        return own + await renderMetrics(sql, { schema });
+      } catch (error) {
+        // The worker's own series matter most while the database is unreachable.
+        logMetricsQueueStateFailed(error);
+        return own;
+      }
+    },
+  });
+  logMetricsListening(server.hostname, server.port);
+  return server;
 }

@@ -1,0 +1,98 @@
+// The batch completer driven directly through runOnce: batching, splitting, unstorable
+// results and outcomes whose onTransition hook rolled back.
+import { BatchCompleter } from "../src/worker/batch_completer.ts";
+import type { Sql } from "../src/db.ts";
+import { assertEquals, assertThrows } from "./assert.ts";
+import { withApp, withLogs } from "./_helpers.ts";
+
+/** `n` jobs running under worker w1 with run_count 1. */
+async function running(sql: Sql, n: number): Promise<string[]> {
+  const rows = await sql`insert into akadze.jobs (task, state, worker_id, run_count, started_at)
+                         select 't', 'running', 'w1', 1, now() from generate_series(1, ${n})
+                         returning id::text as id`;
+  return rows.map((r) => r.id as string);
+}
+
+const job = { task: "t", queue: "default", attempt: 0, max_attempts: 3 };
+
+Deno.test("outcomes queued in one turn are written together; a stale run's is discarded", async () => {
+  await withApp("bc_batch", async (app, sql) => {
+    const settled: string[] = [];
+    const completer = new BatchCompleter(app.sql, {
+      schema: app.schema,
+      hooks: [],
+      onSettled: (id) => settled.push(id),
+    });
+    const [a, b, c] = await running(sql, 3);
+    completer.complete({ id: a, runCount: 1, kind: "succeeded", result: { ok: 1 } }, job);
+    completer.complete({ id: b, runCount: 1, kind: "snooze", delayMs: 60_000 }, job);
+    completer.complete({ id: c, runCount: 7, kind: "succeeded", result: null }, job);
+    assertEquals(completer.unwritten, 3);
+    const written = completer.untilAllWritten();
+    assertEquals(await completer.runOnce(), {
+      written: 2,
+      discarded: 1,
+      unstorable: 0,
+      failed: 0,
+      rolledBack: 0,
+      split: 0,
+    });
+    await written;
+    assertEquals([completer.unwritten, settled.sort()], [0, [a, b, c].sort()]);
+    const rows = await sql`select id::text as id, state from akadze.jobs order by id`;
+    assertEquals(rows.map((r) => r.state), ["succeeded", "queued", "running"]);
+  });
+});
+
+Deno.test("a batch the database refuses is split: the others are written, the refused result ends the job", async () => {
+  await withApp("bc_split", async (app, sql) => {
+    const completer = new BatchCompleter(app.sql, { schema: app.schema, hooks: [] });
+    const [good, bad, other] = await running(sql, 3);
+    const records = await withLogs(async () => {
+      completer.complete({ id: good, runCount: 1, kind: "succeeded", result: 1 }, job);
+      // A lone surrogate: valid JavaScript, refused by jsonb (SQLSTATE class 22).
+      completer.complete({ id: bad, runCount: 1, kind: "succeeded", result: "\ud800" }, job);
+      completer.complete({ id: other, runCount: 1, kind: "succeeded", result: 2 }, job);
+      assertEquals(await completer.runOnce(), {
+        written: 3,
+        discarded: 0,
+        unstorable: 1,
+        failed: 0,
+        rolledBack: 0,
+        split: 1,
+      });
+    });
+    const rows = await sql`select id::text as id, state, result, errors from akadze.jobs
+                            order by id`;
+    assertEquals(rows.map((r) => [r.state, r.result]), [
+      ["succeeded", 1],
+      ["failed", null],
+      ["succeeded", 2],
+    ]);
+    assertEquals(rows[1].errors[0].error, "ResultNotStorable");
+    const events = records.map((r) => r.properties.event);
+    assertEquals(events.filter((e) => e === "outcome_not_storable").length, 1);
+    assertEquals(events.filter((e) => e === "job_failed").length, 1);
+  });
+});
+
+Deno.test("an outcome whose onTransition hook fails is written again; an orphan release is fenced", async () => {
+  await withApp("bc_rolled_back", async (app, sql) => {
+    let failures = 1;
+    const completer = new BatchCompleter(app.sql, {
+      schema: app.schema,
+      rolledBackRetry: 0,
+      hooks: [() => {
+        if (failures-- > 0) throw new Error("not yet");
+      }],
+    });
+    const [a, orphan] = await running(sql, 2);
+    completer.complete({ id: a, runCount: 1, kind: "succeeded", result: null }, job);
+    completer.release([{ id: orphan, runCount: 1 }, { id: orphan, runCount: 1 }]);
+    const counts = await completer.runOnce();
+    assertEquals([counts.written, counts.rolledBack], [2, 1]);
+    const rows = await sql`select state, attempt from akadze.jobs order by id`;
+    assertEquals(rows.map((r) => [r.state, r.attempt]), [["succeeded", 0], ["queued", 0]]);
+    assertThrows(() => new BatchCompleter(app.sql, { schema: "akadze", hooks: [], batchSize: 0 }));
+  });
+});
