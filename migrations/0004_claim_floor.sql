@@ -8,11 +8,11 @@
 -- thousand). claim_one_floor starts each priority level's scan at a floor on run_at (epoch ms), given
 -- by the worker (src/worker/claimer.ts: a little before the latest run_at it claimed at that
 -- level), so each level's scan starts near its ready jobs: `priority = level AND run_at >=
--- floor` positions the B-tree scan. Levels above the highest one given are scanned from the
--- lowest floor (that condition is checked in the index, without visiting the table). What lies
--- behind a floor (a job enqueued with a run_at in the past, a long enqueue transaction that
--- commits late, a new level in between) is the worker's full claim's (claim_one), which it
--- runs at a bounded interval. Same conditions, order, locking and result as claim_one.
+-- floor` positions the B-tree scan. Priorities between, above and below the given levels are
+-- scanned whole, a range each (their dead entries are those of jobs other workers claimed).
+-- What lies behind a floor (a job enqueued with a run_at in the past, a long enqueue
+-- transaction that commits late) is the worker's full claim's (claim_one), which it runs at a
+-- bounded interval. Same conditions, order, locking and result as claim_one.
 CREATE FUNCTION {{schema}}.claim_one_floor(
   p_queue text, p_tasks text[], p_limit integer, p_excluded bigint[], p_worker text,
   p_levels smallint[], p_floors float8[])
@@ -26,11 +26,6 @@ SET jit = off
 SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
-DECLARE
-  -- No level given: every level, from the start.
-  v_top CONSTANT integer := coalesce((SELECT max(l) FROM unnest(p_levels) AS u(l)), -32769);
-  v_lowest CONSTANT timestamptz :=
-    coalesce((SELECT to_timestamp(min(f) / 1000) FROM unnest(p_floors) AS u(f)), '-infinity');
 BEGIN
   IF EXISTS (SELECT 1 FROM {{schema}}.queue_pauses p WHERE p.queue = p_queue) THEN
     RETURN;
@@ -52,22 +47,30 @@ BEGIN
        LIMIT p_limit
        FOR UPDATE OF c SKIP LOCKED) x
   ),
-  above AS (
-    SELECT c.ctid, c.priority, c.run_at, c.id FROM {{schema}}.jobs c
-     WHERE c.state = 'queued' AND c.queue = p_queue AND c.priority > v_top
-       AND c.run_at >= v_lowest AND c.run_at <= now()
-       AND c.cancel_requested_at IS NULL
-       AND (c.expires_at IS NULL OR c.expires_at > now())
-       AND c.task = ANY (p_tasks)
-       AND c.id <> ALL (p_excluded)
-       AND (c.limit_key IS NULL
-            OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = c.limit_key))
-     ORDER BY c.priority DESC, c.run_at, c.id
-     LIMIT p_limit
-     FOR UPDATE OF c SKIP LOCKED
+  -- The ranges of priorities between, above and below the given levels (all of them when
+  -- none is given), exclusive bounds, each scanned whole.
+  gaps AS (
+    SELECT coalesce(lag(u.l) OVER (ORDER BY u.l DESC), 32768) AS hi, u.l AS lo
+      FROM unnest(p_levels::integer[] || -32769) AS u(l)
+  ),
+  unknown AS (
+    SELECT x.* FROM gaps g
+    CROSS JOIN LATERAL (
+      SELECT c.ctid, c.priority, c.run_at, c.id FROM {{schema}}.jobs c
+       WHERE c.state = 'queued' AND c.queue = p_queue
+         AND c.priority > g.lo AND c.priority < g.hi AND c.run_at <= now()
+         AND c.cancel_requested_at IS NULL
+         AND (c.expires_at IS NULL OR c.expires_at > now())
+         AND c.task = ANY (p_tasks)
+         AND c.id <> ALL (p_excluded)
+         AND (c.limit_key IS NULL
+              OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = c.limit_key))
+       ORDER BY c.priority DESC, c.run_at, c.id
+       LIMIT p_limit
+       FOR UPDATE OF c SKIP LOCKED) x
   ),
   candidates AS (
-    SELECT u.ctid FROM (SELECT * FROM above UNION ALL SELECT * FROM known) u
+    SELECT u.ctid FROM (SELECT * FROM unknown UNION ALL SELECT * FROM known) u
      ORDER BY u.priority DESC, u.run_at, u.id
      LIMIT p_limit
   )

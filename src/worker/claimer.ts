@@ -196,10 +196,10 @@ export class Claimer {
    * entry at the front of the claim index that a scan from the start visits on every claim; so
    * the claim starts each known priority level at its floor, FLOOR_SLACK before the latest run_at
    * claimed there (`claim_one_floor`, migrations/0004_claim_floor.sql), and scans the whole
-   * queue (`claim_one`) first, at least every FULL_CLAIM_EVERY, and with too many levels. A ready
-   * job behind every floor (a run_at set in the past, an enqueue transaction that committed
-   * more than FLOOR_SLACK after it began, a priority between or below the known levels, a job
-   * another worker's rolled-back claim skipped) waits for the next full claim.
+   * queue (`claim_one`) first, at least every FULL_CLAIM_EVERY, and with too many levels.
+   * Priorities not known yet are scanned whole. A ready job behind its level's floor (a run_at
+   * set in the past, an enqueue transaction that committed more than FLOOR_SLACK after it
+   * began, a job another worker's rolled-back claim skipped) waits for the next full claim.
    */
   async #claimOne(
     sql: Sql | TransactionSql,
