@@ -65,12 +65,12 @@ const LIMITS_RECHECK = 2_000;
  * level starts (ms): a job enqueued by a transaction that commits up to this much later than it
  * began (run_at defaults to its start) is still found by the claim from floors.
  */
-export const FLOOR_SLACK = 5_000;
+const FLOOR_SLACK = 5_000;
 /**
  * How often at most the one-queue claim scans the whole queue instead of starting from floors
  * (ms): the longest extra wait of a ready job behind a floor (see `#claimOne`).
  */
-export const FULL_CLAIM_EVERY = 2_000;
+const FULL_CLAIM_EVERY = 2_000;
 /** Above this many known priority levels in a queue, the one-queue claim scans the whole queue. */
 const MAX_LEVELS = 16;
 
