@@ -7,6 +7,12 @@
  * call claiming one freshly enqueued job, as a steady trickle would.
  *
  *   deno run --allow-all bench/claim_horizon.ts [--steps 0,100000,450000] [--calls 200]
+ *     [--steady SECONDS] [--rate JOBS_PER_S] [--recover SECONDS] [--skip-statements] [--heartbeat MS]
+ *
+ * With `--steady`, after the last step a worker (id of the dead running entries, one queue,
+ * in this process) runs jobs enqueued at `--rate` (500) per second for that long, still pinned,
+ * and the enqueue-to-start latency (p50, p99, max) and the backlog left are printed; with
+ * `--recover`, the pin then ends and the same load runs that much longer, printed per 10 s.
  *
  * @module
  */
@@ -14,12 +20,21 @@ import postgres from "postgres";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { migrate } from "../src/migrate.ts";
 import { parseArgs } from "node:util";
+import { Akadze } from "../src/app.ts";
+import { Worker } from "../src/worker/worker.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
   options: {
     steps: { type: "string", default: "0,100000,450000" },
     calls: { type: "string", default: "200" },
+    steady: { type: "string", default: "0" },
+    rate: { type: "string", default: "500" },
+    recover: { type: "string", default: "0" },
+    // Skip the per-statement measurements (with a schema before migration 0004, say).
+    "skip-statements": { type: "boolean", default: false },
+    // The steady worker's heartbeatInterval (ms; its heartbeatTtl is 6 times that).
+    heartbeat: { type: "string", default: "5000" },
   },
 });
 const steps = values.steps.split(",").map(Number);
@@ -100,6 +115,67 @@ function claimWith(extra: string): string {
    where j.ctid = any(array(select ctid from candidates)) returning j.id`;
 }
 
+/** Latency percentile (ms) of `xs`. */
+function pct(xs: number[], p: number): number {
+  const sorted = [...xs].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] ?? NaN;
+}
+
+/** A worker at a steady enqueue rate, pinned, then (with --recover) unpinned. */
+async function steady(held: { unsafe(text: string): Promise<unknown> }): Promise<void> {
+  const app = new Akadze({ databaseUrl: url, max: 10 });
+  let window: number[] = [];
+  app.task("t", ({ t0 }) => {
+    if (typeof t0 === "number") window.push(Date.now() - t0);
+  });
+  const producer = new Akadze({ databaseUrl: url, max: 2 });
+  const t = producer.task("t", () => {});
+  const heartbeatInterval = Number(values.heartbeat);
+  const running = new Worker(app, {
+    id: worker,
+    schedules: false,
+    slots: 10,
+    heartbeatInterval,
+    heartbeatTtl: 6 * heartbeatInterval,
+  });
+  const run = running.run();
+  const rate = Number(values.rate);
+  const per = Math.max(1, Math.round(rate / 100)); // a batch every 10 ms
+  const phase = async (seconds: number, label: string) => {
+    const end = performance.now() + seconds * 1000;
+    let next = performance.now();
+    let report = performance.now() + 10_000;
+    while (performance.now() < end) {
+      await t.enqueueMany(Array.from({ length: per }, () => ({ t0: Date.now() })));
+      next += (per / rate) * 1000;
+      const wait = next - performance.now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      if (performance.now() >= report || performance.now() >= end) {
+        const [{ n }] = await sql.unsafe(
+          `select count(*)::int as n from ${s}.jobs where state = 'queued'`,
+        );
+        console.log(
+          `${label}: ${window.length} started, p50 ${pct(window, 0.5)} ms, p99 ${
+            pct(window, 0.99)
+          } ms, max ${Math.max(...window)} ms, queued ${n}`,
+        );
+        window = [];
+        report = performance.now() + 10_000;
+      }
+    }
+  };
+  try {
+    await phase(Number(values.steady), "pinned");
+    await held.unsafe("rollback");
+    if (Number(values.recover) > 0) await phase(Number(values.recover), "unpinned");
+  } finally {
+    running.stop();
+    await run;
+    await app.close();
+    await producer.close();
+  }
+}
+
 try {
   await migrate(sql);
   await sql.unsafe(
@@ -138,7 +214,9 @@ try {
     await sql.unsafe(`analyze ${s}.jobs`);
     console.log(`\n== ${made} dead claim-index entries (horizon pinned) ==`);
     statements.claim_one_floor.params[6] = [Date.now() - 5_000];
-    for (const [name, { text, params }] of Object.entries(statements)) {
+    for (
+      const [name, { text, params }] of Object.entries(values["skip-statements"] ? {} : statements)
+    ) {
       await sql.unsafe(`insert into ${s}.jobs (task) values ('t')`);
       const plan = await sql.unsafe(
         `explain (analyze, buffers, format json) ${text}`,
@@ -170,7 +248,8 @@ try {
       );
     }
   }
-  await held.unsafe("rollback");
+  if (Number(values.steady) > 0) await steady(held);
+  else await held.unsafe("rollback");
   held.release();
 } finally {
   await sql.end();
