@@ -7,6 +7,7 @@
 import init from "../migrations/0001_init.sql" with { type: "text" };
 import limitKeyOrder from "../migrations/0002_limit_key_order.sql" with { type: "text" };
 import sqlEnqueue from "../migrations/0003_sql_enqueue.sql" with { type: "text" };
+import claimFloor from "../migrations/0004_claim_floor.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -28,6 +29,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0001_init", sql: init },
   { version: "0002_limit_key_order", sql: limitKeyOrder },
   { version: "0003_sql_enqueue", sql: sqlEnqueue },
+  { version: "0004_claim_floor", sql: claimFloor },
 ];
 
 /** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */

@@ -2,8 +2,8 @@
 // connection keeps, so what changes between claims (pauses, limits, priorities) must be
 // read when the claim runs, not when it was planned.
 import { pauseQueue, resumeQueue, setLimit } from "../mod.ts";
-import { connect } from "../src/db.ts";
-import { assertEquals } from "./assert.ts";
+import { connect, type Sql } from "../src/db.ts";
+import { assert, assertEquals } from "./assert.ts";
 import { waitFor, withApp, workClaimer } from "./_helpers.ts";
 
 Deno.test("a claim on a connection with a cached plan still honours pauses, limits and priorities added later", async () => {
@@ -38,6 +38,116 @@ Deno.test("a claim on a connection with a cached plan still honours pauses, limi
       }, "the limited claim");
       assertEquals(first, [{ i: "k1" }]);
       assertEquals(await claimIds(5), []);
+    } finally {
+      await one.end();
+    }
+  });
+});
+
+/** Index entries the claim index gave to scans so far, `sql`'s own pending counts reported first. */
+async function claimIndexReads(sql: Sql): Promise<number> {
+  await sql`select pg_stat_force_next_flush()`;
+  const [{ n }] = await sql`
+    select idx_tup_read::int as n from pg_stat_user_indexes
+     where schemaname = 'akadze' and indexrelname = 'jobs_claim_idx'`;
+  return n;
+}
+
+/**
+ * `n` jobs enqueued, claimed and finished, as a worker would leave them, while `pin`'s snapshot
+ * keeps their queued row versions (and those versions' claim index entries) from removal.
+ */
+async function deadClaimEntries(sql: Sql, n: number): Promise<void> {
+  await sql`insert into akadze.jobs (task, run_at)
+            select 'work', now() - interval '1 hour' from generate_series(1, ${n})`;
+  await sql`update akadze.jobs set state = 'running', worker_id = 'w0', started_at = now(),
+                   run_count = 1 where state = 'queued'`;
+  await sql`update akadze.jobs set state = 'succeeded', worker_id = null, finished_at = now()
+             where state = 'running'`;
+}
+
+Deno.test("while an old snapshot pins the horizon, a one-queue claim does not scan every claimed job's dead index entry", async () => {
+  await withApp("claimer_pinned", async (app, sql, db) => {
+    const work = app.task("work", () => {});
+    const one = connect(db.url, { max: 1 });
+    const pin = await sql.reserve();
+    try {
+      await pin`begin isolation level repeatable read`;
+      await pin`select 1`;
+      const dead = 20_000;
+      await deadClaimEntries(sql, dead);
+      const claimer = workClaimer(one);
+      const before = await claimIndexReads(one);
+      const claims = 40;
+      for (let i = 0; i < claims; i++) {
+        await work.enqueue({ i });
+        const { claimed } = await claimer.claim([{ queue: "default", slots: 5 }], 5);
+        assertEquals(claimed.map((j) => j.args), [{ i }]);
+        await sql`update akadze.jobs set state = 'succeeded', worker_id = null,
+                         finished_at = now() where id = ${claimed[0].id}`;
+      }
+      const read = await claimIndexReads(one) - before;
+      // From the start of the index every claim reads all of them (800,000 here); from floors,
+      // only the full claims (at least one, one more every two seconds) do.
+      assert(read < 8 * dead, `the claims read ${read} claim index entries`);
+    } finally {
+      await pin`rollback`.catch(() => {});
+      pin.release();
+      await one.end();
+    }
+  });
+});
+
+Deno.test("a one-queue claim from floors still claims jobs behind them, and in priority order", async () => {
+  await withApp("claimer_floors", async (app, sql, db) => {
+    const work = app.task("work", () => {});
+    const one = connect(db.url, { max: 1 });
+    try {
+      const claimer = workClaimer(one);
+      const claim = async (slots: number) =>
+        (await claimer.claim([{ queue: "default", slots }], slots)).claimed.map((j) => j.args);
+      // Levels 0 and 3 become known, with floors near now.
+      await work.enqueue({ i: "p0" });
+      await work.using({ priority: 3 }).enqueue({ i: "p3" });
+      assertEquals((await claim(5)).length, 2);
+
+      // Known levels keep their order, and a higher level is claimed first as soon as it appears.
+      await work.enqueue({ i: "low" });
+      await work.using({ priority: 3 }).enqueue({ i: "mid" });
+      await work.using({ priority: 9 }).enqueue({ i: "high" });
+      assertEquals(await claim(1), [{ i: "high" }]);
+      assertEquals(await claim(1), [{ i: "mid" }]);
+      assertEquals(await claim(1), [{ i: "low" }]);
+
+      // A job enqueued in a transaction that began before the last claim and commits after it.
+      const late = await sql.reserve();
+      try {
+        await late`begin`;
+        await late`select now()`;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        await work.enqueue({ i: "first" });
+        assertEquals(await claim(1), [{ i: "first" }]);
+        await work.using({ session: late }).enqueue({ i: "late" });
+        await late`commit`;
+      } finally {
+        late.release();
+      }
+      assertEquals(await claim(5), [{ i: "late" }]);
+
+      // A level between the known ones is claimed in priority order too.
+      await work.enqueue({ i: "p0 again" });
+      await work.using({ priority: 1 }).enqueue({ i: "between" });
+      assertEquals(await claim(1), [{ i: "between" }]);
+      assertEquals(await claim(1), [{ i: "p0 again" }]);
+
+      // Behind its level's floor: a run_at an hour ago waits for the next full claim (at most
+      // two seconds).
+      await work.using({ runAt: new Date(Date.now() - 3_600_000) }).enqueue({ i: "past" });
+      const past = await waitFor(async () => {
+        const got = await claim(5);
+        return got.length > 0 ? got : null;
+      }, "the job behind the floor");
+      assertEquals(past, [{ i: "past" }]);
     } finally {
       await one.end();
     }

@@ -50,6 +50,19 @@ export interface ClaimerConfig {
 
 /** How long "there are (no) limits" is trusted before asking again (ms). */
 const LIMITS_RECHECK = 2_000;
+/**
+ * How far behind the latest run_at claimed at a priority level the next one-queue claim of that
+ * level starts (ms): a job enqueued by a transaction that commits up to this much later than it
+ * began (run_at defaults to its start) is still found by the claim from floors.
+ */
+const FLOOR_SLACK = 5_000;
+/**
+ * How often at most the one-queue claim scans the whole queue instead of starting from floors
+ * (ms): the longest extra wait of a ready job behind a floor (see `#claimOne`).
+ */
+const FULL_CLAIM_EVERY = 2_000;
+/** Above this many known priority levels in a queue, the one-queue claim scans the whole queue. */
+const MAX_LEVELS = 16;
 
 /** Claims jobs for one worker. */
 export class Claimer {
@@ -57,6 +70,7 @@ export class Claimer {
   #config: ClaimerConfig;
   #statements: {
     claimOne: string;
+    claimOneFloor: string;
     claim: string;
     hasLimits: string;
     keys: string;
@@ -67,6 +81,10 @@ export class Claimer {
   #limitsExist = false;
   /** Whether the last limited claim found a key to serve (see `#claimLimited`). */
   #keysFound = true;
+  /** Per queue, per priority level: where the next one-queue claim starts (run_at, epoch ms). */
+  #floors = new Map<string, Map<number, number>>();
+  /** Per queue: when its last full one-queue claim ran (performance.now()). */
+  #fullClaimAt = new Map<string, number>();
 
   /** Make a claimer on a pool. */
   constructor(sql: Sql, config: ClaimerConfig) {
@@ -75,6 +93,7 @@ export class Claimer {
     const s = quoteSchema(config.schema);
     this.#statements = {
       claimOne: claimOneStatement(s),
+      claimOneFloor: `select * from ${s}.claim_one_floor($1, $2, $3, $4, $5, $6, $7)`,
       claim: claimStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
       keys: limitKeysStatement(s, true),
@@ -121,14 +140,7 @@ export class Claimer {
     const tasks = this.#config.tasks as string[];
     const workerId = this.#config.workerId;
     if (requests.length === 1) {
-      // One queue (the common case): a function whose plan each connection keeps.
-      return this.#claimed(sql.unsafe(this.#statements.claimOne, [
-        requests[0].queue,
-        tasks,
-        Math.min(n, requests[0].slots),
-        excluded,
-        workerId,
-      ], PREPARED));
+      return this.#claimOne(sql, requests[0].queue, Math.min(n, requests[0].slots), excluded);
     }
     const slots = requests.map((r) => r.slots);
     return this.#claimed(sql.unsafe(this.#statements.claim, [
@@ -144,6 +156,54 @@ export class Claimer {
       // the plan past jit_above_cost on big queues (~45 ms of JIT per claim).
       Math.min(n, Math.max(0, ...slots)),
     ]));
+  }
+
+  /**
+   * Claim from one queue (the common case), through functions whose plans each connection
+   * keeps. While an old snapshot holds the MVCC horizon back, every claimed job leaves a dead
+   * entry at the front of the claim index that a scan from the start visits on every claim; so
+   * the claim starts each known priority level at its floor, FLOOR_SLACK before the latest run_at
+   * claimed there (`claim_one_floor`, migrations/0004_claim_floor.sql), and scans the whole
+   * queue (`claim_one`) first, at least every FULL_CLAIM_EVERY, and with too many levels.
+   * Priorities not known yet are scanned whole. A ready job behind its level's floor (a run_at
+   * set in the past, an enqueue transaction that committed more than FLOOR_SLACK after it
+   * began, a job another worker's rolled-back claim skipped) waits for the next full claim.
+   */
+  async #claimOne(
+    sql: Sql | TransactionSql,
+    queue: string,
+    n: number,
+    excluded: string[],
+  ): Promise<ClaimedJob[]> {
+    const params = [queue, this.#config.tasks as string[], n, excluded, this.#config.workerId];
+    const floors = this.#floors.get(queue);
+    const now = performance.now();
+    const fast = floors !== undefined && floors.size <= MAX_LEVELS &&
+      now - (this.#fullClaimAt.get(queue) ?? -Infinity) < FULL_CLAIM_EVERY;
+    let rows: ClaimedJob[];
+    if (fast) {
+      rows = await this.#claimed(sql.unsafe(this.#statements.claimOneFloor, [
+        ...params,
+        [...floors.keys()],
+        [...floors.values()],
+      ], PREPARED));
+    } else {
+      rows = await this.#claimed(sql.unsafe(this.#statements.claimOne, params, PREPARED));
+      this.#fullClaimAt.set(queue, now);
+    }
+    if (rows.length === 0) {
+      // A queue with no known level yet has its floor at the start: the next claim is fast,
+      // and as cheap as a full one.
+      if (floors === undefined) this.#floors.set(queue, new Map());
+      return rows;
+    }
+    const known = floors ?? new Map<number, number>();
+    for (const row of rows) {
+      const floor = row.run_at.getTime() - FLOOR_SLACK;
+      if (floor > (known.get(row.priority) ?? -Infinity)) known.set(row.priority, floor);
+    }
+    this.#floors.set(queue, known);
+    return rows;
   }
 
   /**
