@@ -14,7 +14,7 @@ import { logger } from "./log.ts";
 import { MAX_ARGS_BYTES } from "./rules.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
-import { closeLoopConnections } from "./worker/loop_connection.ts";
+import { closeLoopConnections } from "./loop_connection.ts";
 import {
   type AnyTask,
   type ArgsInput,

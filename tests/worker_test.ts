@@ -6,7 +6,7 @@ import { AkadzeError } from "../src/errors.ts";
 import { requestCancel } from "../mod.ts";
 import { drain } from "../src/testing.ts";
 import { Worker } from "../src/worker/worker.ts";
-import { LoopConnection } from "../src/worker/loop_connection.ts";
+import { LoopConnection } from "../src/loop_connection.ts";
 import { assert, assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
 import { connect } from "../src/db.ts";
 import {

@@ -20,7 +20,7 @@ import { Executor } from "./executor.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
 import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
-import { LoopConnection } from "./loop_connection.ts";
+import { LoopConnection } from "../loop_connection.ts";
 import { installProcessGuard } from "./process_guard.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";

@@ -11,7 +11,7 @@
  * @module
  */
 import postgres from "postgres";
-import type { Sql } from "../db.ts";
+import type { Sql } from "./db.ts";
 
 /** How long a closing connection may finish its statement before it is cut (seconds). */
 const CLOSE_TIMEOUT = 1;
