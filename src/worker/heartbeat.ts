@@ -112,7 +112,8 @@ export class Heartbeat {
     };
     const s = quoteSchema(config.schema);
     // Cancel requests by primary key, for the jobs the worker runs (at most its slots): a
-    // scan by worker id would visit every dead index entry an old snapshot keeps.
+    // scan by worker id would visit every dead index entry an old snapshot keeps. OFFSET 0
+    // keeps the worker id out of the lookup, or the planner may pick the worker id index.
     const beat = (scan: boolean) => `
       with hb as (
         insert into ${s}.workers (id, hostname, pid, queues, heartbeat_ttl_ms)
@@ -120,9 +121,11 @@ export class Heartbeat {
         on conflict (id) do update set heartbeat_at = now()
         returning (xmax = 0) as registered)
       select hb.registered,
-             array(select id::text from ${s}.jobs
-                    where id = any($6::bigint[]) and worker_id = $1 and state = 'running'
-                      and cancel_requested_at is not null) as cancel,
+             array(select k.id::text
+                     from (select id, worker_id, state, cancel_requested_at from ${s}.jobs
+                            where id = any($6::bigint[]) offset 0) k
+                    where k.worker_id = $1 and k.state = 'running'
+                      and k.cancel_requested_at is not null) as cancel,
              ${
       scan
         ? `array(select id::text || ':' || run_count from ${s}.jobs
