@@ -70,8 +70,10 @@ export class Rescuer extends Periodic<RescueResult> {
     // A job is lost when its worker's heartbeat is older than that worker's own TTL
     // (database clock): found from the stale worker rows through the worker_id index, for
     // a scan of every running job visits every dead entry an old snapshot keeps.
-    const stale = `${s}.workers w join ${s}.jobs c on c.worker_id = w.id and c.state = 'running'
-      where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'`;
+    // (An array of their ids, not a join, which the planner may turn into that scan.)
+    const stale = `${s}.jobs c where c.state = 'running' and c.worker_id = any(array(
+        select w.id from ${s}.workers w
+         where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'))`;
     // ...or when its worker row is gone: that needs the whole scan.
     const full = `${s}.jobs c where c.state = 'running' and not exists (
         select 1 from ${s}.workers w
