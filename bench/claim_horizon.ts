@@ -80,6 +80,26 @@ const statements: Record<string, { text: string; params: unknown[] }> = {
                   where worker_id = $1 and state = 'running') as running`,
     params: [worker],
   },
+  // The heartbeat as it is now: cancel requests of the jobs the worker runs, by id (10 slots);
+  // the list above only on a beat that looks for orphans (src/worker/heartbeat.ts).
+  heartbeat_known: {
+    text: `select array(select k.id::text
+             from (select id, worker_id, state, cancel_requested_at from ${s}.jobs
+                    where id = any($2::bigint[]) offset 0) k
+            where k.worker_id = $1 and k.state = 'running'
+              and k.cancel_requested_at is not null) as cancel`,
+    params: [worker, Array.from({ length: 10 }, (_, i) => String(i + 1))],
+  },
+  // The rescue as it is now: from the stale worker rows; the scan below only every minute
+  // (src/worker/rescuer.ts).
+  rescue_stale: {
+    text: `select c.id::text as id from ${s}.jobs c
+            where c.state = 'running' and c.worker_id = any(array(
+              select w.id from ${s}.workers w
+               where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'))
+            limit 1000`,
+    params: [],
+  },
   rescue_find: {
     text: `select c.id::text as id from ${s}.jobs c where c.state = 'running' and not exists (
         select 1 from ${s}.workers w where w.id = c.worker_id
@@ -214,6 +234,9 @@ try {
     await sql.unsafe(`analyze ${s}.jobs`);
     console.log(`\n== ${made} dead claim-index entries (horizon pinned) ==`);
     statements.claim_one_floor.params[6] = [Date.now() - 5_000];
+    // The dead entries' worker is alive (as in the steady run): rescue_stale finds no stale
+    // worker. (A stale one's pass reads its own entries, until its jobs are rescued.)
+    await sql.unsafe(`update ${s}.workers set heartbeat_at = now() where id = $1`, [worker]);
     for (
       const [name, { text, params }] of Object.entries(values["skip-statements"] ? {} : statements)
     ) {

@@ -3,6 +3,7 @@
 // read when the claim runs, not when it was planned.
 import { pauseQueue, resumeQueue, setLimit } from "../mod.ts";
 import { connect, type Sql } from "../src/db.ts";
+import { Claimer } from "../src/worker/claimer.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { waitFor, withApp, workClaimer } from "./_helpers.ts";
 
@@ -148,6 +149,55 @@ Deno.test("a one-queue claim from floors still claims jobs behind them, and in p
         return got.length > 0 ? got : null;
       }, "the job behind the floor");
       assertEquals(past, [{ i: "past" }]);
+    } finally {
+      await one.end();
+    }
+  });
+});
+
+Deno.test("a costly whole-queue claim spaces the next one: 2 s while cheap, 100 times its duration when longer, at most 30 s", async () => {
+  await withApp("claimer_full_cost", async (app, _sql, db) => {
+    const work = app.task("work", () => {});
+    const one = connect(db.url, { max: 1 });
+    try {
+      // A fake clock: the claimer reads it before a claim and, after a whole-queue claim,
+      // again to measure it; each claim below is given the readings it takes.
+      const times: number[] = [];
+      const now = () => {
+        const t = times.shift();
+        if (t === undefined) throw new Error("the claimer read the clock more often than expected");
+        return t;
+      };
+      const claimer = new Claimer(one, {
+        schema: "akadze",
+        workerId: "w1",
+        tasks: ["work"],
+        hooks: [],
+        now,
+      });
+      const claim = async (...readings: number[]) => {
+        times.push(...readings);
+        const got = (await claimer.claim([{ queue: "default", slots: 5 }], 5)).claimed;
+        assertEquals(times, [], "each reading used");
+        return got.map((j) => j.args);
+      };
+      // A job behind its level's floor is claimed only by a whole-queue claim.
+      const behind = (i: number) =>
+        work.using({ runAt: new Date(Date.now() - 3_600_000) }).enqueue({ i });
+      await work.enqueue({ i: 0 });
+      assertEquals(await claim(0, 1), [{ i: 0 }], "the first claim is whole (took 1 ms)");
+      await behind(1);
+      assertEquals(await claim(1_999), [], "from floors until 2 s after a cheap one");
+      assertEquals(await claim(2_000, 2_100), [{ i: 1 }], "whole again (took 100 ms)");
+      await behind(2);
+      assertEquals(await claim(11_999), [], "from floors for 100 times 100 ms");
+      assertEquals(await claim(12_000, 12_500), [{ i: 2 }], "whole again (took 500 ms)");
+      await behind(3);
+      assertEquals(await claim(41_999), [], "from floors for at most 30 s");
+      assertEquals(await claim(42_000, 42_001), [{ i: 3 }], "whole again (took 1 ms)");
+      await behind(4);
+      assertEquals(await claim(43_999), []);
+      assertEquals(await claim(44_000, 44_000), [{ i: 4 }], "2 s after a cheap one again");
     } finally {
       await one.end();
     }

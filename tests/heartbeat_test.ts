@@ -86,3 +86,45 @@ Deno.test("the heartbeat watchdog fires once no beat succeeded for heartbeatTtl 
     assert(await hb.remove());
   });
 });
+
+Deno.test("a beat reports cancel requests of the jobs it is given, and lists every job running under the worker's id only when an orphan may exist or the last look is old", async () => {
+  await withApp("hb_orphans", async (app, sql) => {
+    const hb = new Heartbeat(app.sql, {
+      schema: app.schema,
+      id: "hb-o",
+      hostname: "h",
+      pid: 1,
+      queues: ["default"],
+      heartbeatTtl: 30_000,
+      orphanScanEvery: 600_000,
+    });
+    const [known, orphan, cancelled] = await sql`
+      insert into akadze.jobs (task, state, worker_id, run_count, started_at, cancel_requested_at)
+      values ('t', 'running', 'hb-o', 1, now(), null), ('t', 'running', 'hb-o', 1, now(), now()),
+             ('t', 'running', 'hb-o', 2, now(), now())
+      returning id::text as id`;
+    const first = await hb.runOnce({ running: [known.id, cancelled.id] });
+    assertEquals(first.cancelRequested, [cancelled.id], "only the given jobs' requests");
+    assertEquals(
+      first.running?.map((r) => [r.id, r.runCount]).sort(),
+      [[known.id, 1], [orphan.id, 1], [cancelled.id, 2]].sort(),
+      "the first beat looks for orphans",
+    );
+    assertEquals(hb.orphanScanDue(), false);
+    assertEquals((await hb.runOnce({ running: [known.id] })).running, null);
+    hb.orphansMayExist();
+    assertEquals((await hb.runOnce({ running: [] })).running?.length, 3, "after a lost write");
+    assertEquals((await hb.runOnce({ running: [] })).running, null);
+    const often = new Heartbeat(app.sql, {
+      schema: app.schema,
+      id: "hb-o",
+      hostname: "h",
+      pid: 1,
+      queues: ["default"],
+      heartbeatTtl: 30_000,
+      orphanScanEvery: 0,
+    });
+    await often.runOnce();
+    assertEquals((await often.runOnce()).running?.length, 3, "the backstop look");
+  });
+});

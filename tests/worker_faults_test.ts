@@ -663,6 +663,52 @@ Deno.test("a claim that returns after the watchdog ended the run starts nothing:
   });
 });
 
+Deno.test("a claim that committed while the worker lost its reply: the worker's next heartbeat puts the job back (attempt not spent) and it runs", async () => {
+  await withDatabase("faults_lost_claim", async (db, sql) => {
+    const app = new Akadze({ databaseUrl: db.url, max: 3 });
+    const task = app.task("t", () => null);
+    // With a hook, a claim of two jobs is two transactions: the first commits, the second
+    // is held (on a lock taken once the first commits) and its connection killed, so the
+    // claim fails after its first job became this worker's without the worker seeing it.
+    let holding: Promise<HeldLocks> | undefined;
+    app.hooks.onTransition.push(async (_tx, _job, from, to) => {
+      if (from !== "queued" || to !== "running" || holding) return;
+      holding = holdLocks(
+        db.url,
+        (tx) => tx`lock table akadze.queue_pauses in access exclusive mode`,
+      );
+      // The lock is asked for before the first transaction commits, so it is granted then.
+      await waitForLockWait(sql, "the lock to be asked for", "lock table%");
+    });
+    const [first, second] = await task.enqueueMany([{}, {}]);
+    let w: InProcessWorker | undefined;
+    try {
+      w = runWorker(app, { schedules: false, slots: 2 });
+      await waitForLockWait(sql, "the claim's second transaction to wait", "%claim%");
+      await sql`select pg_terminate_backend(pid) from pg_stat_activity
+                 where datname = current_database() and wait_event_type = 'Lock'
+                   and query like '%claim%'`;
+      await (await holding!).release();
+      const rows = await waitForJobs(
+        sql,
+        [first, second],
+        (r) => r.state === "succeeded",
+        "both jobs to succeed",
+        w,
+        // Well within the heartbeat's backstop look for orphans (a minute).
+        20_000,
+      );
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      // The lost one ran once, after its release (no attempt spent, no WorkerLost).
+      assertEquals([byId.get(first)?.run_count, byId.get(first)?.errors], [2, []]);
+    } finally {
+      if (holding) await (await holding).release().catch(() => {});
+      await w?.stop();
+      await app.close();
+    }
+  });
+});
+
 // ---------------------------------------------------------------------------------------
 // 6. The driver's uncaught TypeError
 

@@ -53,6 +53,11 @@ export interface BatchCompleterConfig {
   finalSql?: Sql;
   /** Counts finished jobs by outcome. */
   metrics?: WorkerMetrics;
+  /**
+   * Called when a job's outcome or release could not be written (left to the lease): the
+   * job may still be running under this worker id.
+   */
+  onUnwritten?: (jobId: string) => void;
   /** Called when a job's outcome is written, discarded or left to the lease. */
   onSettled?: (jobId: string) => void;
   /** Outcomes per statement at most. Default {@linkcode OUTCOME_BATCH_DEFAULT}. */
@@ -125,6 +130,7 @@ export class BatchCompleter {
       deleteSucceeded: options.deleteSucceeded,
       metrics: config.metrics,
       onSettled: config.onSettled ?? (() => {}),
+      onUnwritten: config.onUnwritten ?? (() => {}),
       batchSize,
       rolledBackRetry,
     };
@@ -247,7 +253,10 @@ export class BatchCompleter {
       });
     } catch (error) {
       if (signal.aborted) {
-        for (const p of batch) p.done(); // left to the lease
+        for (const p of batch) {
+          this.#config.onUnwritten(p.outcome.id);
+          p.done(); // left to the lease
+        }
         return;
       }
       if (batch.length > 1) {
@@ -279,8 +288,10 @@ export class BatchCompleter {
       if (!p) continue;
       this.#counts.rolledBack++;
       await new Promise((r) => setTimeout(r, this.#config.rolledBackRetry));
-      if (signal.aborted) p.done();
-      else this.#pending.push(p);
+      if (signal.aborted) {
+        this.#config.onUnwritten(item.id);
+        p.done();
+      } else this.#pending.push(p);
     }
   }
 
@@ -297,6 +308,7 @@ export class BatchCompleter {
     }
     logOutcomeWriteFailed(p.outcome, error);
     this.#counts.failed++;
+    this.#config.onUnwritten(p.outcome.id);
     p.done();
   }
 }

@@ -46,6 +46,8 @@ export interface ClaimerConfig {
   tasks: readonly string[];
   /** `onTransition` hooks; with hooks, each transition gets its own transaction. */
   hooks: readonly OnTransitionHook[];
+  /** The clock, in ms (tests). Default `performance.now()`. */
+  now?: () => number;
 }
 
 /** How long "there are (no) limits" is trusted before asking again (ms). */
@@ -58,9 +60,26 @@ const LIMITS_RECHECK = 2_000;
 const FLOOR_SLACK = 5_000;
 /**
  * How often at most the one-queue claim scans the whole queue instead of starting from floors
- * (ms): the longest extra wait of a ready job behind a floor (see `#claimOne`).
+ * (ms): the longest extra wait of a ready job behind a floor (see `#claimOne`), while a
+ * whole-queue claim is cheap.
  */
 const FULL_CLAIM_EVERY = 2_000;
+/**
+ * A whole-queue claim that took longer waits this many times its duration for the next one
+ * (at most 1% of the loop's time): while an old snapshot holds cleanup back, it visits every
+ * dead entry of the claim index.
+ */
+const FULL_CLAIM_COST_FACTOR = 100;
+/** The longest time between two whole-queue claims, however costly (ms). */
+const FULL_CLAIM_EVERY_MAX = 30_000;
+
+/** How long after a whole-queue claim that took `durationMs` the next one runs (ms). */
+function fullClaimInterval(durationMs: number): number {
+  return Math.min(
+    FULL_CLAIM_EVERY_MAX,
+    Math.max(FULL_CLAIM_EVERY, FULL_CLAIM_COST_FACTOR * durationMs),
+  );
+}
 /** Above this many known priority levels in a queue, the one-queue claim scans the whole queue. */
 const MAX_LEVELS = 16;
 
@@ -83,13 +102,16 @@ export class Claimer {
   #keysFound = true;
   /** Per queue, per priority level: where the next one-queue claim starts (run_at, epoch ms). */
   #floors = new Map<string, Map<number, number>>();
-  /** Per queue: when its last full one-queue claim ran (performance.now()). */
-  #fullClaimAt = new Map<string, number>();
+  /** Per queue: when its next full one-queue claim is due (performance.now()). */
+  #fullClaimDue = new Map<string, number>();
+  /** The clock (performance.now(); a test's fake one). */
+  #now: () => number;
 
   /** Make a claimer on a pool. */
   constructor(sql: Sql, config: ClaimerConfig) {
     this.#sql = sql;
     this.#config = config;
+    this.#now = config.now ?? (() => performance.now());
     const s = quoteSchema(config.schema);
     this.#statements = {
       claimOne: claimOneStatement(s),
@@ -164,7 +186,9 @@ export class Claimer {
    * entry at the front of the claim index that a scan from the start visits on every claim; so
    * the claim starts each known priority level at its floor, FLOOR_SLACK before the latest run_at
    * claimed there (`claim_one_floor`, migrations/0004_claim_floor.sql), and scans the whole
-   * queue (`claim_one`) first, at least every FULL_CLAIM_EVERY, and with too many levels.
+   * queue (`claim_one`) first, at least every FULL_CLAIM_EVERY (every FULL_CLAIM_COST_FACTOR
+   * times its duration when that is longer, at most FULL_CLAIM_EVERY_MAX), and with too many
+   * levels.
    * Priorities not known yet are scanned whole. A ready job behind its level's floor (a run_at
    * set in the past, an enqueue transaction that committed more than FLOOR_SLACK after it
    * began, a job another worker's rolled-back claim skipped) waits for the next full claim.
@@ -177,9 +201,9 @@ export class Claimer {
   ): Promise<ClaimedJob[]> {
     const params = [queue, this.#config.tasks as string[], n, excluded, this.#config.workerId];
     const floors = this.#floors.get(queue);
-    const now = performance.now();
+    const now = this.#now();
     const fast = floors !== undefined && floors.size <= MAX_LEVELS &&
-      now - (this.#fullClaimAt.get(queue) ?? -Infinity) < FULL_CLAIM_EVERY;
+      now < (this.#fullClaimDue.get(queue) ?? -Infinity);
     let rows: ClaimedJob[];
     if (fast) {
       rows = await this.#claimed(sql.unsafe(this.#statements.claimOneFloor, [
@@ -189,7 +213,8 @@ export class Claimer {
       ], PREPARED));
     } else {
       rows = await this.#claimed(sql.unsafe(this.#statements.claimOne, params, PREPARED));
-      this.#fullClaimAt.set(queue, now);
+      // The cost of a whole-queue claim spaces the next one (fullClaimInterval).
+      this.#fullClaimDue.set(queue, now + fullClaimInterval(this.#now() - now));
     }
     if (rows.length === 0) {
       // A queue with no known level yet has its floor at the start: the next claim is fast,

@@ -14,6 +14,14 @@ import { logHeartbeatFailed, logHeartbeatFileFailed, logRegistered } from "./log
 export const HEARTBEAT_INTERVAL_DEFAULT = 5_000;
 /** How soon a failed beat is tried again at most (ms). */
 export const HEARTBEAT_RETRY = 1_000;
+/**
+ * How often a beat looks for orphans at least (ms): jobs running under this worker's id that
+ * it does not know of. Otherwise only the first beat and the beats after a write that may
+ * have committed unseen (see {@linkcode Heartbeat.orphansMayExist}) look, for the look scans
+ * every running job of this worker id, and under an old snapshot that holds cleanup back,
+ * every job the worker ever ran.
+ */
+export const ORPHAN_SCAN_EVERY = 60_000;
 
 /** Settings of a {@linkcode Heartbeat}: who this worker is, as stored in the workers table. */
 export interface HeartbeatConfig {
@@ -35,6 +43,19 @@ export interface HeartbeatConfig {
   giveUpUnregistered?: boolean;
   /** Called when a beat timed out: its connection may hang, the next beat needs a new one. */
   onTimeout?: () => void;
+  /** How often a beat looks for orphans at least (ms). Default {@linkcode ORPHAN_SCAN_EVERY}. */
+  orphanScanEvery?: number;
+}
+
+/** What the worker runs, for one beat. */
+export interface BeatRequest {
+  /** The jobs running in its slots: the beat reports which of them have a cancel request. */
+  running: readonly string[];
+  /**
+   * Whether to list every job running under this worker id (to find orphans); by default,
+   * when {@linkcode Heartbeat.orphanScanDue} says so.
+   */
+  scanOrphans?: boolean;
 }
 
 /** A due beat's lease: the beat, or no beat (retried soon), or the lease lost. */
@@ -47,10 +68,13 @@ export type Lease =
 export interface BeatResult {
   /** The row was (re-)inserted: first beat, or someone removed it. */
   registered: boolean;
-  /** Ids of this worker's running jobs whose cancellation was requested. */
+  /** Ids of the requested running jobs whose cancellation was requested. */
   cancelRequested: string[];
-  /** This worker's running jobs as the database sees them (with their claim's run_count). */
-  running: { id: string; runCount: number }[];
+  /**
+   * Every job running under this worker id as the database sees them (with their claim's
+   * run_count), when the beat looked for orphans; null when it did not.
+   */
+  running: { id: string; runCount: number }[] | null;
 }
 
 /** Keeps one worker's row alive. */
@@ -58,8 +82,12 @@ export class Heartbeat {
   #sql: Sql;
   #config: Required<HeartbeatConfig>;
   #beat: string;
+  #beatScan: string;
   #remove: string;
   #ok = false;
+  /** Whether a job may run under this worker id that it does not know of (a first beat). */
+  #orphansMayExist = true;
+  #orphanScanAt = -Infinity;
   #startedAt = 0;
   /** `performance.now()` of the last successful beat, or null before the first. */
   lastSuccess: number | null = null;
@@ -80,21 +108,33 @@ export class Heartbeat {
       heartbeatInterval,
       giveUpUnregistered: config.giveUpUnregistered ?? false,
       onTimeout: config.onTimeout ?? (() => {}),
+      orphanScanEvery: config.orphanScanEvery ?? ORPHAN_SCAN_EVERY,
     };
     const s = quoteSchema(config.schema);
-    this.#beat = `
+    // Cancel requests by primary key, for the jobs the worker runs (at most its slots): a
+    // scan by worker id would visit every dead index entry an old snapshot keeps. OFFSET 0
+    // keeps the worker id out of the lookup, or the planner may pick the worker id index.
+    const beat = (scan: boolean) => `
       with hb as (
         insert into ${s}.workers (id, hostname, pid, queues, heartbeat_ttl_ms)
         values ($1, $2, $3, $4::text[], $5)
         on conflict (id) do update set heartbeat_at = now()
         returning (xmax = 0) as registered)
       select hb.registered,
-             array(select id::text from ${s}.jobs
-                    where worker_id = $1 and state = 'running'
-                      and cancel_requested_at is not null) as cancel,
-             array(select id::text || ':' || run_count from ${s}.jobs
-                    where worker_id = $1 and state = 'running') as running
+             array(select k.id::text
+                     from (select id, worker_id, state, cancel_requested_at from ${s}.jobs
+                            where id = any($6::bigint[]) offset 0) k
+                    where k.worker_id = $1 and k.state = 'running'
+                      and k.cancel_requested_at is not null) as cancel,
+             ${
+      scan
+        ? `array(select id::text || ':' || run_count from ${s}.jobs
+                    where worker_id = $1 and state = 'running')`
+        : "null::text[]"
+    } as running
         from hb`;
+    this.#beat = beat(false);
+    this.#beatScan = beat(true);
     this.#remove = `delete from ${s}.workers w where w.id = $1
       and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
   }
@@ -104,16 +144,23 @@ export class Heartbeat {
    * (a connection hanging in a network partition) fails as a transient timeout, so the
    * lease clock keeps running.
    */
-  async runOnce(timeoutMs = this.#config.heartbeatTtl / 2): Promise<BeatResult> {
+  async runOnce(
+    request: BeatRequest = { running: [] },
+    timeoutMs: number = this.#config.heartbeatTtl / 2,
+  ): Promise<BeatResult> {
     const { id, hostname, pid, queues, heartbeatTtl } = this.#config;
+    const scan = request.scanOrphans ?? this.orphanScanDue();
     let timer: ReturnType<typeof setTimeout> | undefined;
+    // Taken before the statement: a write that fails while it runs sets it again.
+    if (scan) this.#orphansMayExist = false;
     const [row] = await Promise.race([
-      this.#sql.unsafe(this.#beat, [
+      this.#sql.unsafe(scan ? this.#beatScan : this.#beat, [
         id,
         hostname,
         pid,
         queues as string[],
         Math.round(heartbeatTtl),
+        request.running as string[],
       ]),
       new Promise<never>((_, reject) => {
         timer = setTimeout(
@@ -125,13 +172,31 @@ export class Heartbeat {
           timeoutMs,
         );
       }),
-    ]).finally(() => clearTimeout(timer));
+    ]).catch((error) => {
+      if (scan) this.#orphansMayExist = true;
+      throw error;
+    }).finally(() => clearTimeout(timer));
     this.lastSuccess = performance.now();
-    const running = (row.running as string[]).map((item) => {
+    if (scan) this.#orphanScanAt = this.lastSuccess;
+    const running = (row.running as string[] | null)?.map((item) => {
       const [id, runCount] = item.split(":");
       return { id, runCount: Number(runCount) };
-    });
+    }) ?? null;
     return { registered: row.registered, cancelRequested: row.cancel, running };
+  }
+
+  /**
+   * A write may have committed without this worker learning of it (a claim whose reply was
+   * lost, an outcome or release that could not be written): the next beat looks for orphans.
+   */
+  orphansMayExist(): void {
+    this.#orphansMayExist = true;
+  }
+
+  /** Whether the next beat looks for orphans: one may exist, or the last look is old. */
+  orphanScanDue(): boolean {
+    return this.#orphansMayExist ||
+      performance.now() - this.#orphanScanAt >= this.#config.orphanScanEvery;
   }
 
   /** Whether the last beat worked (the loop claims only then). */
@@ -142,6 +207,8 @@ export class Heartbeat {
   /** A run begins: a batch run counts its time without a first beat from now. */
   begin(): void {
     this.#startedAt = performance.now();
+    // A process that ran under this id before (a restart with a fixed id) may have left jobs.
+    this.#orphansMayExist = true;
   }
 
   /** Whether a beat is due now. */
@@ -154,11 +221,11 @@ export class Heartbeat {
    * {@linkcode HEARTBEAT_RETRY}; the lease is lost after heartbeatTtl without a beat. Any
    * other error is thrown (fatal).
    */
-  async beat(): Promise<Lease> {
+  async beat(request: BeatRequest = { running: [] }): Promise<Lease> {
     const now = performance.now();
     const { id, heartbeatInterval, heartbeatTtl } = this.#config;
     try {
-      const beat = await this.runOnce();
+      const beat = await this.runOnce(request);
       if (beat.registered && !this.#ok) logRegistered(id);
       this.#ok = true;
       this.nextBeat = now + heartbeatInterval;

@@ -1,6 +1,6 @@
 /**
  * The rescuer: every worker puts back the running jobs of workers whose heartbeat is older
- * than their TTL, or whose row no longer exists: queued with an attempt spent (failed when
+ * than their TTL (every pass), or whose row no longer exists (every RESCUE_FULL_EVERY): queued with an attempt spent (failed when
  * none remain), error `WorkerLost`. Then it removes stale worker rows that hold no jobs.
  *
  * @module
@@ -15,6 +15,15 @@ import { Periodic } from "./periodic.ts";
 
 /** How many jobs one pass rescues at most, by default. */
 export const RESCUE_BATCH_DEFAULT = 1000;
+/**
+ * How often a pass also looks at every running job for one whose worker row is gone (ms);
+ * the other passes start from the stale worker rows. A row is removed only with no job
+ * running under it (a clean stop, or stale), so a job runs under a gone row only when its
+ * worker claimed after its row was removed as stale (frozen or cut off past its TTL, then
+ * back) and died before its next beat put the row back or its lost lease put the job back,
+ * or when rows are deleted by hand.
+ */
+export const RESCUE_FULL_EVERY = 60_000;
 
 /** Settings of a {@linkcode Rescuer}. */
 export interface RescuerConfig {
@@ -26,6 +35,8 @@ export interface RescuerConfig {
   batchSize?: number;
   /** How often `runIfDue` rescues (ms; the worker's heartbeatInterval). Default 5000. */
   interval?: number;
+  /** How often a pass looks at every running job (ms). Default {@linkcode RESCUE_FULL_EVERY}. */
+  fullEvery?: number;
 }
 
 /** What one rescue pass did. */
@@ -42,9 +53,11 @@ export interface RescueResult {
 export class Rescuer extends Periodic<RescueResult> {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
-  #find: string;
-  #rescue: string;
+  #find: { stale: string; full: string };
+  #rescue: { stale: string; full: string };
   #removeStale: string;
+  #fullEvery: number;
+  #fullAt = -Infinity;
 
   /** Make a rescuer (the worker gives it its loop's connection). */
   constructor(sql: Sql, config: RescuerConfig) {
@@ -52,18 +65,25 @@ export class Rescuer extends Periodic<RescueResult> {
     const batch = checkInteger("batchSize", config.batchSize ?? RESCUE_BATCH_DEFAULT, 1, 1e6);
     this.#sql = sql;
     this.#hooks = config.hooks;
+    this.#fullEvery = config.fullEvery ?? RESCUE_FULL_EVERY;
     const s = quoteSchema(config.schema);
-    // A job is lost when its worker row is gone or its heartbeat is older than that
-    // worker's own TTL (database clock).
-    const lost = `c.state = 'running' and not exists (
+    // A job is lost when its worker's heartbeat is older than that worker's own TTL
+    // (database clock): found from the stale worker rows through the worker_id index, for
+    // a scan of every running job visits every dead entry an old snapshot keeps.
+    // (An array of their ids, not a join, which the planner may turn into that scan.)
+    const stale = `${s}.jobs c where c.state = 'running' and c.worker_id = any(array(
+        select w.id from ${s}.workers w
+         where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'))`;
+    // ...or when its worker row is gone: that needs the whole scan.
+    const full = `${s}.jobs c where c.state = 'running' and not exists (
         select 1 from ${s}.workers w
          where w.id = c.worker_id
            and w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond')`;
-    this.#find = `select c.id::text as id from ${s}.jobs c where ${lost} limit ${batch}`;
-    this.#rescue = `
+    const find = (from: string) => `select c.id::text as id from ${from} limit ${batch}`;
+    const rescue = (from: string) => `
       with lost as (
-        select c.id, c.worker_id from ${s}.jobs c
-         where ${lost} and ($1::bigint[] is null or c.id = any($1::bigint[]))
+        select c.id, c.worker_id from ${from}
+           and ($1::bigint[] is null or c.id = any($1::bigint[]))
          limit ${batch}
          for update of c skip locked)
       update ${s}.jobs j set
@@ -80,27 +100,37 @@ export class Rescuer extends Periodic<RescueResult> {
           'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run'))
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}`;
+    this.#find = { stale: find(stale), full: find(full) };
+    this.#rescue = { stale: rescue(stale), full: rescue(full) };
     this.#removeStale = `
       delete from ${s}.workers w
        where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'
          and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
   }
 
-  /** Rescue lost jobs (each logged `job_rescued`), then remove stale worker rows. */
-  async runOnce(): Promise<RescueResult> {
+  /**
+   * Rescue lost jobs (each logged `job_rescued`), then remove stale worker rows. The jobs
+   * of stale workers always; with `full` (by default the first pass and then every
+   * `fullEvery`), also those whose worker row is gone.
+   */
+  async runOnce(options: { full?: boolean } = {}): Promise<RescueResult> {
+    const now = performance.now();
+    const full = options.full ?? now - this.#fullAt >= this.#fullEvery;
+    const kind = full ? "full" : "stale";
     let rescued: JobRow[];
     if (this.#hooks.length === 0) {
-      rescued = await this.#statement(this.#sql, null);
+      rescued = await this.#statement(this.#sql, kind, null);
     } else {
-      const ids = (await this.#sql.unsafe(this.#find)).map((r) => r.id as string);
+      const ids = (await this.#sql.unsafe(this.#find[kind])).map((r) => r.id as string);
       rescued = (await applyTransitions(
         this.#sql,
         this.#hooks,
         ids,
         () => "running",
-        (tx, items) => this.#statement(tx, items),
+        (tx, items) => this.#statement(tx, kind, items),
       )).rows;
     }
+    if (full) this.#fullAt = now;
     const removed = await this.#sql.unsafe(this.#removeStale);
     for (const row of rescued) logRescued(row);
     return {
@@ -110,7 +140,11 @@ export class Rescuer extends Periodic<RescueResult> {
     };
   }
 
-  async #statement(tx: Sql | TransactionSql, ids: readonly string[] | null): Promise<JobRow[]> {
-    return await tx.unsafe(this.#rescue, [ids as string[] | null]) as unknown as JobRow[];
+  async #statement(
+    tx: Sql | TransactionSql,
+    kind: "stale" | "full",
+    ids: readonly string[] | null,
+  ): Promise<JobRow[]> {
+    return await tx.unsafe(this.#rescue[kind], [ids as string[] | null]) as unknown as JobRow[];
   }
 }

@@ -121,6 +121,8 @@ export class Worker {
       // The last writes go on the loop's connection (see #abandonRuns).
       finalSql: loopSql,
       metrics: this.metrics,
+      // An outcome or release not written may leave its job running under this id.
+      onUnwritten: () => this.#heartbeat.orphansMayExist(),
       onSettled: () => {
         if (this.#slots.writeRoom() === 1 || config.batch) this.#wake.up();
       },
@@ -329,17 +331,20 @@ export class Worker {
     if (!this.#heartbeat.due()) return null;
     // No claim runs during a beat, so what it reports running and this worker does not
     // know of is not its to finish: a claim whose reply was lost, an unwritten outcome.
-    const known = new Set([...this.#slots.ids(), ...this.#completer.ids()]);
+    const running = [...this.#slots.ids()];
+    const known = new Set([...running, ...this.#completer.ids()]);
     let lease;
     try {
-      lease = await this.#heartbeat.beat();
+      lease = await this.#heartbeat.beat({ running });
     } catch (error) {
       return fatalExit(error, this.#app.schema);
     }
     if (lease.kind === "lost") return { code: 1, reason: "heartbeat_lost", message: lease.message };
     if (lease.kind === "failed") return null;
     for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
-    this.#completer.release(lease.beat.running.filter((r) => !known.has(r.id)));
+    // Every job running under this id, on a beat that looked for orphans (heartbeat.ts).
+    const orphans = lease.beat.running?.filter((r) => !known.has(r.id)) ?? [];
+    this.#completer.release(orphans);
     return null;
   }
 
@@ -350,7 +355,15 @@ export class Worker {
     let total = Math.min(free, this.#slots.writeRoom());
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
-    const { claimed } = await this.#claimer.claim(requests, total, this.#offset++);
+    let claimed;
+    try {
+      ({ claimed } = await this.#claimer.claim(requests, total, this.#offset++));
+    } catch (error) {
+      // The claim may have committed (in part, with hooks) while its reply was lost: the
+      // next beat looks for jobs running under this id that the worker does not know of.
+      this.#heartbeat.orphansMayExist();
+      throw error;
+    }
     if (this.#loopLeft) {
       // A claim that comes back after the run gave up on its loop: the lease is lost, so
       // nothing may start; put the jobs back (fenced, no attempt spent) if the database lets us.
