@@ -73,7 +73,7 @@ Deno.test("the heartbeat watchdog fires once no beat succeeded for heartbeatTtl 
     });
     // One beat that succeeds (a generous bound for it: beat() would give up after
     // heartbeatTtl / 2, 50 ms, which a loaded machine can take for a first statement).
-    await hb.runOnce(30_000);
+    await hb.runOnce({ running: [] }, 30_000);
     assert(hb.lastSuccess !== null);
     // No beat follows: the loop is "stuck".
     const watch = hb.watch();
