@@ -155,7 +155,7 @@ Deno.test("a one-queue claim from floors still claims jobs behind them, and in p
   });
 });
 
-Deno.test("a costly whole-queue claim spaces the next one: 2 s while cheap, 100 times its duration when longer, at most 30 s", async () => {
+Deno.test("a costly whole-queue claim spaces the next one: 2 s while cheap, 250 times its duration when longer, at most 30 s", async () => {
   await withApp("claimer_full_cost", async (app, _sql, db) => {
     const work = app.task("work", () => {});
     const one = connect(db.url, { max: 1 });
@@ -190,14 +190,14 @@ Deno.test("a costly whole-queue claim spaces the next one: 2 s while cheap, 100 
       assertEquals(await claim(1_999), [], "from floors until 2 s after a cheap one");
       assertEquals(await claim(2_000, 2_100), [{ i: 1 }], "whole again (took 100 ms)");
       await behind(2);
-      assertEquals(await claim(11_999), [], "from floors for 100 times 100 ms");
-      assertEquals(await claim(12_000, 12_500), [{ i: 2 }], "whole again (took 500 ms)");
+      assertEquals(await claim(26_999), [], "from floors for 250 times 100 ms");
+      assertEquals(await claim(27_000, 27_500), [{ i: 2 }], "whole again (took 500 ms)");
       await behind(3);
-      assertEquals(await claim(41_999), [], "from floors for at most 30 s");
-      assertEquals(await claim(42_000, 42_001), [{ i: 3 }], "whole again (took 1 ms)");
+      assertEquals(await claim(56_999), [], "from floors for at most 30 s");
+      assertEquals(await claim(57_000, 57_001), [{ i: 3 }], "whole again (took 1 ms)");
       await behind(4);
-      assertEquals(await claim(43_999), []);
-      assertEquals(await claim(44_000, 44_000), [{ i: 4 }], "2 s after a cheap one again");
+      assertEquals(await claim(58_999), []);
+      assertEquals(await claim(59_000, 59_000), [{ i: 4 }], "2 s after a cheap one again");
     } finally {
       await one.end();
     }

@@ -66,10 +66,11 @@ const FLOOR_SLACK = 5_000;
 const FULL_CLAIM_EVERY = 2_000;
 /**
  * A whole-queue claim that took longer waits this many times its duration for the next one
- * (at most 1% of the loop's time): while an old snapshot holds cleanup back, it visits every
- * dead entry of the claim index.
+ * (at most 0.4% of the loop's time): while an old snapshot holds cleanup back, it visits every
+ * dead entry of the claim index, and the loop waits for it; at 100 times, four such pauses a
+ * minute lifted the p99 start latency above 100 ms at 450,000 dead entries (bench/README.md).
  */
-const FULL_CLAIM_COST_FACTOR = 100;
+const FULL_CLAIM_COST_FACTOR = 250;
 /** The longest time between two whole-queue claims, however costly (ms). */
 const FULL_CLAIM_EVERY_MAX = 30_000;
 

@@ -12,6 +12,7 @@
 import type { Akadze } from "../app.ts";
 import { describeError, isTransientError } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
+import { LoopConnection } from "../loop_connection.ts";
 import { BatchCompleter } from "./batch_completer.ts";
 import { Canceller } from "./canceller.ts";
 import { Claimer } from "./claimer.ts";
@@ -20,7 +21,6 @@ import { Executor } from "./executor.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
 import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
-import { LoopConnection } from "../loop_connection.ts";
 import { installProcessGuard } from "./process_guard.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
@@ -291,9 +291,7 @@ export class Worker {
         await this.#wake.sleep(this.#heartbeat.nextBeat - performance.now());
         continue;
       }
-      let full = false;
-      let foundNothing = false;
-      let idle = false;
+      let [full, foundNothing, idle] = [false, false, false];
       try {
         if (this.#app.notify) await listener.ensure();
         await this.#rescuer.runIfDue();
@@ -307,6 +305,9 @@ export class Worker {
         dbBackoff = 0;
       } catch (error) {
         if (!isTransientError(error)) return fatalExit(error, this.#app.schema);
+        // A claim may have committed (in part, with hooks) while its reply was lost: the
+        // next beat looks for jobs running under this id that the worker does not know of.
+        this.#heartbeat.orphansMayExist();
         dbBackoff = Math.min(Math.max(dbBackoff * 2, 250), DB_BACKOFF_MAX);
         log.logLoopRetry(dbBackoff, error);
         // Not past the next heartbeat: a backoff longer than the lease would cost it.
@@ -343,8 +344,7 @@ export class Worker {
     if (lease.kind === "failed") return null;
     for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
     // Every job running under this id, on a beat that looked for orphans (heartbeat.ts).
-    const orphans = lease.beat.running?.filter((r) => !known.has(r.id)) ?? [];
-    this.#completer.release(orphans);
+    this.#completer.release(lease.beat.running?.filter((r) => !known.has(r.id)) ?? []);
     return null;
   }
 
@@ -355,15 +355,7 @@ export class Worker {
     let total = Math.min(free, this.#slots.writeRoom());
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
-    let claimed;
-    try {
-      ({ claimed } = await this.#claimer.claim(requests, total, this.#offset++));
-    } catch (error) {
-      // The claim may have committed (in part, with hooks) while its reply was lost: the
-      // next beat looks for jobs running under this id that the worker does not know of.
-      this.#heartbeat.orphansMayExist();
-      throw error;
-    }
+    const { claimed } = await this.#claimer.claim(requests, total, this.#offset++);
     if (this.#loopLeft) {
       // A claim that comes back after the run gave up on its loop: the lease is lost, so
       // nothing may start; put the jobs back (fenced, no attempt spent) if the database lets us.
@@ -371,10 +363,8 @@ export class Worker {
       return [false, false];
     }
     if (log.debugEnabled()) claimed.forEach(log.logClaimed);
-    for (const row of claimed) {
-      this.#claims++;
-      this.#slots.start(row);
-    }
+    this.#claims += claimed.length;
+    for (const row of claimed) this.#slots.start(row);
     return [claimed.length === total, claimed.length === 0];
   }
 
@@ -389,8 +379,7 @@ export class Worker {
       await touchHeartbeatFile(this.config.heartbeatFile);
       const beat = await this.#beatIfDue();
       if (beat) break;
-      const nextBeat = this.#heartbeat.nextBeat;
-      await this.#wake.sleep(Math.min(deadline - performance.now(), nextBeat - performance.now()));
+      await this.#wake.sleep(Math.min(deadline, this.#heartbeat.nextBeat) - performance.now());
     }
     await this.#abandonRuns();
   }
