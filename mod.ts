@@ -125,6 +125,7 @@ export {
 export {
   listQueues,
   pauseQueue,
+  queueKnown,
   type QueueSnapshot,
   queueSnapshot,
   type QueueSummary,

@@ -271,7 +271,12 @@ Deno.test("queueSnapshot, listQueues, listJobs, getJob and listWorkers read what
       { queue: "ops", paused: false, queued: 0, running: 0, failed: 1 },
     ]);
     const jobs = await listJobs(app, { queue: "mail", state: "queued" });
-    assertEquals(jobs.map((j) => j.id), [later, high, low], "newest first");
+    assertEquals(jobs.map((j) => j.id), [high, later, low], "in queue order: priority first");
+    assertEquals(
+      (await listJobs(app, { queue: "mail", state: "queued", order: "newest" })).map((j) => j.id),
+      [later, high, low],
+    );
+    await assertRejects(() => listJobs(app, { order: "oldest" as never }), AkadzeError);
     assertEquals((await listJobs(app, { task: "mail", state: "failed" })).length, 1);
     assertEquals((await listJobs(app, { task: "nope" })).length, 0);
     assertEquals((await listJobs(app, { since: new Date(Date.now() + 60_000) })).length, 0);

@@ -171,7 +171,7 @@ Deno.test("a refused connection exits 1 with one line and no password on every d
   });
 });
 
-Deno.test("jobs list: tab-separated rows newest first, filters, limit and --json", async () => {
+Deno.test("jobs list: tab-separated rows in queue order or newest first, filters, limit and --json", async () => {
   await withApp("cli_ops_jobs_list", async (app, sql, db) => {
     const env = { AKADZE_DATABASE_URL: db.url };
     const send = app.task("send", { queue: "mail", priority: 5 }, () => {});
@@ -179,7 +179,11 @@ Deno.test("jobs list: tab-separated rows newest first, filters, limit and --json
     const second = await insertJob(sql, { task: "build", queue: "default" });
     const failed = await finishedJob(sql, "failed", "1 minute", { task: "send", queue: "mail" });
 
-    const out = await runCli(["jobs", "list"], env);
+    // By default in the order the queue runs them: priority first, then run_at, then id.
+    const queued = table((await runCli(["jobs", "list", "--state", "queued"], env)).stdout);
+    assertEquals(queued.slice(1).map((r) => r[0]), [first, second]);
+
+    const out = await runCli(["jobs", "list", "--newest"], env);
     assertEquals([out.code, out.stderr], [0, ""]);
     const rows = table(out.stdout);
     assertEquals(rows[0], [
@@ -205,14 +209,14 @@ Deno.test("jobs list: tab-separated rows newest first, filters, limit and --json
 
     const failedOnly = table((await runCli(["jobs", "list", "--state", "failed"], env)).stdout);
     assertEquals(failedOnly.slice(1).map((r) => r[0]), [failed]);
-    const mail = table((await runCli(["jobs", "list", "--queue", "mail"], env)).stdout);
+    const mail = table((await runCli(["jobs", "list", "--queue", "mail", "--newest"], env)).stdout);
     assertEquals(mail.slice(1).map((r) => r[0]), [failed, first]);
     const one = table((await runCli(["jobs", "list", "--limit", "1"], env)).stdout);
     assertEquals(one.length, 2);
     const none = await runCli(["jobs", "list", "--queue", "nothing"], env);
     assertEquals(none.stdout.split("\n").length, 2, "the header line only");
 
-    const json = await runCli(["jobs", "list", "--json", "--state", "queued"], env);
+    const json = await runCli(["jobs", "list", "--json", "--state", "queued", "--newest"], env);
     assertEquals(json.code, 0);
     const jobs = JSON.parse(json.stdout);
     assertEquals(jobs.length, 2);
@@ -243,7 +247,9 @@ Deno.test("jobs list: tab-separated rows newest first, filters, limit and --json
     assertMatch(jobs[1].createdAt, ISO);
     assertEquals(jobs[1].finishedAt, null);
 
-    const sendOnly = table((await runCli(["jobs", "list", "--task", "send"], env)).stdout);
+    const sendOnly = table(
+      (await runCli(["jobs", "list", "--task", "send", "--newest"], env)).stdout,
+    );
     assertEquals(sendOnly.slice(1).map((r) => r[0]), [failed, first]);
     const both = table(
       (await runCli(["jobs", "list", "--task", "send", "--state", "queued"], env)).stdout,
@@ -259,7 +265,7 @@ Deno.test("jobs list --since takes a duration back from now or an ISO 8601 time"
     const older = await insertJob(sql, { task: "t", created_at: new Date("2020-01-01T00:00:00Z") });
     const recent = await insertJob(sql, { task: "t" });
     const ids = async (...args: string[]) => {
-      const out = await runCli(["jobs", "list", ...args], env);
+      const out = await runCli(["jobs", "list", "--newest", ...args], env);
       assertEquals([out.code, out.stderr], [0, ""], args.join(" "));
       return table(out.stdout).slice(1).map((r) => r[0]);
     };
@@ -531,7 +537,12 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
     assertEquals([pause.code, pause.stdout, pause.stderr], [0, "paused queue mail\n", ""]);
     const again = await runCli(["queues", "pause", "mail"], env);
     assertEquals([again.code, again.stdout], [0, "queue mail was already paused\n"]);
-    assertEquals((await runCli(["queues", "pause", "idle"], env)).code, 0);
+    // A queue no job is in and no worker serves is most likely a typo: refused, unless forced.
+    const typo = await runCli(["queues", "pause", "idle"], env);
+    assertEquals([typo.code, typo.stdout], [1, ""]);
+    assertMatch(typo.stderr, /no job is in queue idle and no worker serves it.*--force/);
+    assertEquals((await sql`select 1 from akadze.queue_pauses where queue = 'idle'`).length, 0);
+    assertEquals((await runCli(["queues", "pause", "idle", "--force"], env)).code, 0);
     const pauses = await sql`select queue from akadze.queue_pauses order by queue`;
     assertEquals(pauses.map((r) => r.queue), ["idle", "mail"]);
 

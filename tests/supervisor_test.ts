@@ -149,7 +149,13 @@ Deno.test("--processes flag rules: batch, max-jobs, dev, slot", () => {
   usage(["a.ts", "--processes", "2", "--max-jobs", "3"], /--max-jobs runs a single process/);
   usage(["a.ts", "--processes", "2"], /akadze dev runs one worker process/, "dev");
   usage(["a.ts", "--processes", "0"], /--processes must be an integer from 1/);
-  usage(["a.ts", "--processes", "2", "--slot", "0"], /--slot is set by the supervisor/);
+  usage(
+    ["a.ts", "--processes", "2", "--slot", "0", "--supervisor-pid", "5"],
+    /--slot is set by the supervisor/,
+  );
+  // A typo for --slots is refused, not run as a supervised worker.
+  usage(["a.ts", "--slot", "4"], /unknown option --slot: did you mean --slots/);
+  usage(["a.ts", "--processes", "2", "--slot", "0"], /unknown option --slot/);
   usage(["a.ts", "--supervisor-pid", "5"], /--supervisor-pid goes with --slot/);
   // One process may run a batch; --processes 1 is the plain worker.
   assertEquals(

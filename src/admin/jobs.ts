@@ -166,15 +166,27 @@ export interface JobFilter extends AdminOptions {
 export interface ListJobsOptions extends JobFilter {
   /** At most this many, 1..1000. Default 50. */
   limit?: number;
+  /**
+   * `"queue"` (the default): in the order the queue runs them, by priority (highest first),
+   * then `run_at`, then id. `"newest"`: the most recently enqueued first (by id).
+   */
+  order?: "queue" | "newest";
 }
+
+/** The ORDER BY of each {@linkcode ListJobsOptions.order}. */
+const LIST_ORDERS = {
+  queue: "j.priority desc, j.run_at, j.id",
+  newest: "j.id desc",
+} as const;
 
 const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, max_attempts,
   run_count, run_at, created_at, started_at, finished_at, worker_id, unique_key, limit_key,
   expires_at, cancel_requested_at is not null as cancel_requested`;
 
 /**
- * Job summaries (no arguments, result or errors), newest first (by id: the order in which
- * they were enqueued, latest first), filtered by task, state, queue and enqueue time.
+ * Job summaries (no arguments, result or errors), in the order the queue runs them
+ * (priority, highest first, then `run_at`, then id) or newest first with
+ * `order: "newest"`, filtered by task, state, queue and enqueue time.
  *
  * @example
  * ```ts ignore
@@ -188,10 +200,14 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
   if (!isIntegerIn(limit, 1, LIST_JOBS_MAX)) {
     throw new AkadzeError(`limit must be an integer from 1 to ${LIST_JOBS_MAX}, got ${limit}`);
   }
+  const order = options.order ?? "queue";
+  if (!Object.hasOwn(LIST_ORDERS, order)) {
+    throw new AkadzeError(`order must be "queue" or "newest", got ${JSON.stringify(order)}`);
+  }
   const rows = await explainMissingSchema(schema, () =>
     sql.unsafe(
       `select ${SUMMARY_COLUMNS} from ${s}.jobs j where ${FILTER}
-        order by j.id desc limit $5`,
+        order by ${LIST_ORDERS[order]} limit $5`,
       [...filterParams(options), limit],
     ));
   return rows.map(toSummary);

@@ -38,6 +38,35 @@ export async function pauseQueue(
 }
 
 /**
+ * Whether a queue is known to the database: some job (in any state) is in it, a worker
+ * registered to serve it, or it is paused. A pause of an unknown queue is most likely a
+ * typo, which `akadze queues pause` refuses without `--force`.
+ *
+ * @example
+ * ```ts ignore
+ * import { queueKnown } from "@akadze/akadze";
+ * if (!await queueKnown(app.sql, "mail")) console.warn("no job or worker uses queue mail");
+ * ```
+ */
+export async function queueKnown(
+  session: Session,
+  queue: string,
+  options: AdminOptions = {},
+): Promise<boolean> {
+  const schema = options.schema ?? "akadze";
+  const s = quoteSchema(schema);
+  const name = checkQueueName(queue);
+  const [row] = await explainMissingSchema(schema, () =>
+    session.unsafe(
+      `select exists (select 1 from ${s}.jobs where queue = $1)
+           or exists (select 1 from ${s}.workers where $1 = any (queues))
+           or exists (select 1 from ${s}.queue_pauses where queue = $1) as known`,
+      [name],
+    ));
+  return row.known === true;
+}
+
+/**
  * Resume claims from a paused queue and wake its workers. Returns false when it was not
  * paused.
  *

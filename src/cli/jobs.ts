@@ -43,8 +43,8 @@ import {
 export const JOBS_HELP = `Usage: akadze jobs <command> [options]
 
 Commands:
-  list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N] [--json]
-                       job summaries, newest first
+  list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N] [--newest] [--json]
+                       job summaries, in the order the queue runs them
   show ID [--args] [--result] [--json]
                        one job with its error history and stacks
   requeue ID | requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--dry-run]
@@ -66,14 +66,16 @@ function filterHelp(states: string): string {
 }
 
 const LIST_HELP = `Usage: akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN]
-                        [--limit N] [--json]
+                        [--limit N] [--newest] [--json]
 
-Job summaries (no arguments, result or errors), newest first (by id: the most recently
-enqueued first).
+Job summaries (no arguments, result or errors), in the order the queue runs them: by
+priority (highest first), then run_at, then id. With --newest, the most recently enqueued
+first (by id).
 
 Options:
 ${filterHelp(JOB_STATES.join(", "))}
   --limit N       at most N jobs, 1 to ${LIST_JOBS_MAX} (default 50)
+  --newest        the most recently enqueued first instead
   --json          a JSON array of objects with the keys id, task, queue, state, priority,
                   attempt, maxAttempts, runCount, runAt, createdAt, startedAt, finishedAt,
                   workerId, uniqueKey, limitKey, expiresAt, cancelRequested
@@ -269,11 +271,13 @@ async function listCommand(args: string[]): Promise<number> {
   const parsed = parseSubcommand(args, {
     ...FILTER_FLAGS,
     limit: { type: "string" },
+    newest: { type: "boolean" },
     json: { type: "boolean" },
   }, {
     help: LIST_HELP,
     positionals: [],
-    usage: "akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N]",
+    usage:
+      "akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N] [--newest]",
   });
   if (!parsed) return 0;
   const { values, schema } = parsed;
@@ -281,7 +285,9 @@ async function listCommand(args: string[]): Promise<number> {
   const limit = values.limit === undefined
     ? 50
     : integerFlag("--limit", values.limit, 1, LIST_JOBS_MAX);
-  const jobs = await withSql((sql) => listJobs(sql, { ...filter, limit }));
+  const jobs = await withSql((sql) =>
+    listJobs(sql, { ...filter, limit, order: values.newest ? "newest" : "queue" })
+  );
   if (values.json) printJson(jobs.map(summaryJson));
   else printTable(LIST_COLUMNS, jobs);
   return 0;

@@ -3,7 +3,13 @@
  *
  * @module
  */
-import { pauseQueue, type QueueSnapshot, queueSnapshot, resumeQueue } from "../admin/queues.ts";
+import {
+  pauseQueue,
+  queueKnown,
+  type QueueSnapshot,
+  queueSnapshot,
+  resumeQueue,
+} from "../admin/queues.ts";
 import {
   DATABASE_FOOTER,
   dispatch,
@@ -19,7 +25,7 @@ export const QUEUES_HELP = `Usage: akadze queues <command> [options]
 
 Commands:
   list [--json]        every queue with jobs or a pause: paused flag, counts, lag
-  pause NAME           stop claims from a queue (running jobs finish, enqueue still works)
+  pause NAME [--force] stop claims from a queue (running jobs finish, enqueue still works)
   resume NAME          resume claims from a paused queue
 
 Run akadze queues <command> --help for a command's options.`;
@@ -41,12 +47,14 @@ Output: a header line, then one line per queue; columns separated by a tab:
 
 ${DATABASE_FOOTER}`;
 
-const PAUSE_HELP = `Usage: akadze queues pause NAME
+const PAUSE_HELP = `Usage: akadze queues pause NAME [--force]
 
 Stop claims from the queue NAME: running jobs finish, enqueue still works. Prints
-"paused queue NAME", or "queue NAME was already paused".
+"paused queue NAME", or "queue NAME was already paused". A queue that no job is in and
+no worker serves is refused (exit 1), as the name is most likely a typo.
 
 Options:
+  --force         pause NAME even though no job is in it and no worker serves it
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
@@ -116,17 +124,27 @@ async function listCommand(args: string[]): Promise<number> {
 }
 
 async function pauseOrResume(args: string[], action: "pause" | "resume"): Promise<number> {
-  const parsed = parseSubcommand(args, {}, {
+  const parsed = parseSubcommand(args, action === "pause" ? { force: { type: "boolean" } } : {}, {
     help: action === "pause" ? PAUSE_HELP : RESUME_HELP,
     positionals: ["NAME"],
     usage: `akadze queues ${action} NAME`,
   });
   if (!parsed) return 0;
   const { positionals: [raw], schema } = parsed;
+  const force = (parsed.values as { force?: boolean }).force === true;
   const queue = queueArg(raw);
-  const changed = await withSql((sql) =>
-    action === "pause" ? pauseQueue(sql, queue, { schema }) : resumeQueue(sql, queue, { schema })
-  );
+  const changed = await withSql(async (sql) => {
+    if (action === "resume") return await resumeQueue(sql, queue, { schema });
+    if (!force && !await queueKnown(sql, queue, { schema })) return undefined;
+    return await pauseQueue(sql, queue, { schema });
+  });
+  if (changed === undefined) {
+    console.error(
+      `error: no job is in queue ${queue} and no worker serves it: check the name, ` +
+        "or pass --force to pause it anyway",
+    );
+    return 1;
+  }
   if (action === "pause") {
     console.log(changed ? `paused queue ${queue}` : `queue ${queue} was already paused`);
   } else {

@@ -168,6 +168,10 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
   let slot: number | undefined;
   let supervisorPid: number | undefined;
   if (values.slot !== undefined) {
+    // The supervisor always passes --slot with --supervisor-pid: alone, it is a typo.
+    if (values["supervisor-pid"] === undefined) {
+      throw new UsageError("unknown option --slot: did you mean --slots N (concurrent jobs)?");
+    }
     if (command !== "worker" || processes > 1) {
       throw new UsageError("--slot is set by the supervisor of --processes N on its workers");
     }
