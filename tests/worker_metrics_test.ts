@@ -65,6 +65,9 @@ Deno.test("worker metrics count every outcome per task and queue, time runs, and
     const naps = app.task("naps", { queue: "mail" }, (_args, ctx) => {
       if (ctx.job.runCount === 1) throw new Snooze(1);
     });
+    const viaTx = app.task("viaTx", async (_args, ctx) => {
+      await ctx.completeTx(async () => {});
+    });
     app.task("never", () => {}); // registered, never run: its series start at zero
     app.task("elsewhere", { queue: "other" }, () => {}); // a queue the worker does not serve
     const sleepy = app.task(
@@ -80,6 +83,9 @@ Deno.test("worker metrics count every outcome per task and queue, time runs, and
       await quits.enqueue(),
       await naps.enqueue(),
       await ok.using({ queue: "mail" }).enqueue(),
+      await viaTx.enqueue(),
+      await viaTx.enqueue(),
+      await viaTx.enqueue(),
     ];
     const port = freePort();
     const running = startWorker(app, {
@@ -123,6 +129,8 @@ Deno.test("worker metrics count every outcome per task and queue, time runs, and
       assertEquals(finished("naps", "mail", "snoozed"), 1);
       assertEquals(finished("naps", "mail", "succeeded"), 1);
       assertEquals(finished("never", "default", "succeeded"), 0);
+      // A success written by ctx.completeTx counts like any other.
+      assertEquals(finished("viaTx", "default", "succeeded"), 3);
       assertEquals(finished("elsewhere", "other", "succeeded"), undefined);
       const duration = (part: string, task: string, queue = "default", le?: string) =>
         s.get(
@@ -139,6 +147,7 @@ Deno.test("worker metrics count every outcome per task and queue, time runs, and
       assertEquals(duration("bucket", "slow", "default", "0.025"), 0);
       assertEquals(duration("bucket", "slow", "default", "300"), 1);
       assertEquals(duration("count", "never"), 0);
+      assertEquals(duration("count", "viaTx"), 3);
       assertEquals(s.get('akadze_worker_slots_busy{queue="default"}'), 0);
       await assertPromtoolAccepts(text);
       assertEquals((await scrape(port, "/")).status, 404);

@@ -18,6 +18,7 @@ import {
   waitForLockWait,
   withApp,
   withDatabase,
+  withLogs,
   workClaimer,
 } from "./_helpers.ts";
 
@@ -404,6 +405,26 @@ Deno.test("completeTx commits the caller's writes with the transition to succeed
     assertEquals((await sql`select * from public.reports`).length, 1);
     const follow = await sql`select args from akadze.jobs where task = 'notify'`;
     assertEquals(follow.map((r) => r.args), [{ id: 7 }]);
+  });
+});
+
+Deno.test("a success written through completeTx is logged once, like any other", async () => {
+  await withApp("w_complete_tx_log", async (app, sql) => {
+    const viaTx = app.task("viaTx", async (_args, ctx) => {
+      await ctx.completeTx(async () => {});
+    });
+    const plain = app.task("plain", () => {});
+    const ids = [await viaTx.enqueue(), await viaTx.enqueue(), await viaTx.enqueue()];
+    const other = await plain.enqueue();
+    const records = await withLogs(async () => {
+      await new Worker(app, { batch: true, shutdownTimeout: 1_000 }).run();
+    });
+    const succeeded = records
+      .filter((r) => r.properties.event === "job_succeeded")
+      .map((r) => r.properties.jobId as string);
+    assertEquals(succeeded.sort(), [...ids, other].sort());
+    const states = await sql`select state from akadze.jobs where task = 'viaTx'`;
+    assertEquals(states.map((r) => r.state), ["succeeded", "succeeded", "succeeded"]);
   });
 });
 

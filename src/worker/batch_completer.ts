@@ -19,6 +19,7 @@ import {
   type Outcome,
   retryTransient,
   unstorableOutcome,
+  type WrittenRow,
 } from "./completer.ts";
 import {
   infoEnabled,
@@ -153,6 +154,21 @@ export class BatchCompleter {
   }
 
   /**
+   * Log and count a success that `ctx.completeTx` wrote in its own transaction, as an
+   * outcome written here is: every outcome, however written, is logged and counted once.
+   */
+  completedInTx(id: string, job: LoggedJob): void {
+    this.#record({ id, state: "succeeded", attempt: job.attempt }, infoEnabled(), undefined, job);
+  }
+
+  /** The log line and the metrics of one written outcome. */
+  #record(row: WrittenRow, log: boolean, outcome?: Outcome, job?: LoggedJob): void {
+    if (log || row.state === "failed") logJobState(row, "running", outcome, job);
+    const finished = job && finishedOutcome(row.state, outcome?.kind ?? "succeeded");
+    if (finished) this.#config.metrics?.finished(job.task, job.queue, finished);
+  }
+
+  /**
    * Put jobs back that the database says this worker runs but it does not (fenced on their
    * run_count, no attempt spent); each once at a time, logged `orphan_released`.
    */
@@ -268,12 +284,9 @@ export class BatchCompleter {
     }
     const byId = new Map(batch.map((p) => [p.outcome.id, p]));
     const log = infoEnabled();
-    const metrics = this.#config.metrics;
     for (const row of result.written) {
       const p = byId.get(row.id);
-      if (log || row.state === "failed") logJobState(row, "running", p?.outcome, p?.job);
-      const finished = p?.job && finishedOutcome(row.state, p.outcome.kind);
-      if (finished) metrics?.finished(p.job!.task, p.job!.queue, finished);
+      this.#record(row, log, p?.outcome, p?.job);
       this.#counts.written++;
       p?.done();
     }

@@ -78,6 +78,7 @@ export class Slots {
       this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
       this.#config.onFreed?.(wasFull);
       if (outcome) this.#config.completer.complete(outcome, row);
+      else this.#config.completer.completedInTx(row.id, row);
     });
     if (this.#runs.get(row.id) === run) run.execution = execution;
   }
