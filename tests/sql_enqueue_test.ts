@@ -288,12 +288,12 @@ Deno.test("arguments from SQL that fail the task's schema fail the run, not the 
   await withApp("sql_runtime_validation", async (app, sql) => {
     app.task("typed", { args: v.object({ n: v.number() }) }, () => {});
     const [{ id }] = await sql`
-      select akadze.enqueue('typed', '{"n": "not a number"}', max_attempts => 1) as id`;
+      select akadze.enqueue('typed', '{"n": "not a number"}', max_attempts => 5) as id`;
     assertEquals(await drain(app), 1);
     const [job] = await sql`select state, errors from akadze.jobs where id = ${id}`;
     assertEquals(job.state, "failed");
     assertEquals(job.errors[0].error, "InvalidArguments");
-    assertMatch(job.errors[0].message, /no longer match the schema of task "typed"/);
+    assertMatch(job.errors[0].message, /do not match the schema of task "typed": n: /);
   });
 });
 

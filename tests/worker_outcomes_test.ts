@@ -211,10 +211,10 @@ Deno.test("error history keeps the last 10 entries, redacted and at most 500 cha
   });
 });
 
-Deno.test("arguments are validated again at run time; a mismatch spends an attempt", async () => {
+Deno.test("arguments are validated again at run time; a mismatch fails the job at once", async () => {
   await withApp("out_revalidate", async (app, sql) => {
     let calls = 0;
-    const typed = app.task("typed", { args: v.object({ n: v.number() }) }, () => {
+    const typed = app.task("typed", { maxAttempts: 5, args: v.object({ n: v.number() }) }, () => {
       calls++;
     });
     const id = await typed.enqueue({ n: 1 });
@@ -222,8 +222,13 @@ Deno.test("arguments are validated again at run time; a mismatch spends an attem
     await sql`update akadze.jobs set args = '{"n": "one"}' where id = ${id}`;
     await drain(app);
     const row = await job(sql, id);
-    assertEquals([row.state, row.attempt, row.errors[0].error], ["queued", 1, "InvalidArguments"]);
-    assertMatch(row.errors[0].message, /task "typed".*n/);
+    assertEquals([row.state, row.attempt, row.run_count, row.errors.length], ["failed", 1, 1, 1]);
+    assertEquals(row.errors[0].error, "InvalidArguments");
+    assertMatch(
+      row.errors[0].message,
+      /^the job's arguments do not match the schema of task "typed": n: /,
+    );
+    assert(!row.errors[0].message.includes("one"), "no argument value in the error");
     assertEquals(calls, 0);
   });
 });

@@ -9,7 +9,7 @@
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
 import { quoteSchema, type TransactionSql } from "../db.ts";
-import { AkadzeError, controlKind } from "../errors.ts";
+import { AkadzeError, controlKind, Fail } from "../errors.ts";
 import { isDelay, MAX_DELAY } from "../rules.ts";
 import type { JobInfo } from "../job.ts";
 import { jsonProblem } from "../json.ts";
@@ -189,14 +189,14 @@ export class Executor {
     if (task.args) {
       const result = await task.args["~standard"].validate(args);
       if (result.issues) {
-        throw Object.assign(
-          new AkadzeError(
-            `stored arguments no longer match the schema of task "${task.name}": ${
-              formatIssues(result.issues)
-            }`,
-          ),
-          { name: "InvalidArguments" },
+        // Permanent: the same arguments fail the same schema on every attempt.
+        const error = new Fail(
+          `the job's arguments do not match the schema of task "${task.name}": ${
+            formatIssues(result.issues)
+          }`,
         );
+        error.name = "InvalidArguments";
+        throw error;
       }
       args = result.value;
     }
