@@ -9,6 +9,7 @@ import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
 import { guardTypeFetch } from "./driver_guard.ts";
 import { readEnv } from "./env.ts";
+import { openSocket } from "./startup_guard.ts";
 
 /** A postgres.js instance (or a transaction of one), as akadze accepts it. */
 export type Sql = postgres.Sql;
@@ -25,9 +26,16 @@ export interface ConnectOptions {
   applicationName?: string;
   /** Seconds an idle connection stays open. Default 30. */
   idleTimeout?: number;
-  /** Seconds to wait for a connection. Default 10. */
+  /**
+   * Seconds a connection attempt may take, through the startup handshake, before the query
+   * waiting for it fails. Default {@linkcode CONNECT_TIMEOUT_DEFAULT}, or the URL's
+   * `connect_timeout` parameter when it has one.
+   */
   connectTimeout?: number;
 }
+
+/** Seconds a connection attempt may take by default (see `ConnectOptions.connectTimeout`). */
+export const CONNECT_TIMEOUT_DEFAULT = 10;
 
 /**
  * Query options for the enqueue, the one-queue claim and the outcome write: prepared when the pool
@@ -67,7 +75,10 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     max: options.max ?? 10,
     prepare: options.prepare ?? false,
     idle_timeout: options.idleTimeout ?? 30,
-    connect_timeout: options.connectTimeout ?? 10,
+    // The URL's connect_timeout, when it has one, unless the option says otherwise.
+    ...(options.connectTimeout === undefined && /[?&]connect_timeout=/.test(databaseUrl)
+      ? {}
+      : { connect_timeout: options.connectTimeout ?? CONNECT_TIMEOUT_DEFAULT }),
     max_lifetime: 60 * 30,
     // postgres.js counts failed connects across the whole pool and, by default, makes a
     // query routed to a closed connection wait up to 20 s before reconnecting, even once
@@ -76,6 +87,9 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     backoff: (retries: number) => (0.5 + Math.random() / 2) * Math.min(0.05 * 2 ** retries, 1),
     onnotice: () => {},
     connection: { application_name: options.applicationName ?? "akadze" },
+    // A server that is not PostgreSQL fails the query at once instead of hanging it
+    // (postgres.js takes the option; its types do not list it).
+    ...{ socket: openSocket } as Record<never, never>,
   });
 }
 
@@ -332,6 +346,13 @@ export function describeError(error: unknown, secrets: readonly string[] = []): 
     if (error instanceof Error) {
       const code = (error as { code?: unknown }).code;
       text = hideQuotedInput(String(error.message || error.name), code);
+      if (code === "CONNECT_TIMEOUT") {
+        // postgres.js says "write CONNECT_TIMEOUT host:port": say what it means.
+        const where = text.split(" ").pop();
+        text = `no PostgreSQL server answered at ${where} within the connect timeout ` +
+          "(connectTimeout, or connect_timeout in the URL): check that the server is up and " +
+          "reachable and that the URL names it";
+      }
       if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
     } else {
       text = String(error);

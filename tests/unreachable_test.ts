@@ -99,3 +99,55 @@ Deno.test("akadze migrate and migrate --status against an unreachable database e
     }
   });
 });
+
+/** Run `fn` with the URL of an HTTP server (not PostgreSQL), which answers and closes. */
+async function withHttpServer(fn: (url: string) => Promise<void>): Promise<void> {
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    () => new Response("not a database"),
+  );
+  try {
+    await fn(`postgres://app:${PASSWORD}@127.0.0.1:${server.addr.port}/app`);
+  } finally {
+    await server.shutdown();
+  }
+}
+
+Deno.test("a URL that points at a server that is not PostgreSQL fails at once with one clear line", async () => {
+  await withHttpServer(async (url) => {
+    const app = new Akadze({ databaseUrl: url });
+    const hello = app.task("hello", () => "hi");
+    try {
+      const error = await within(
+        hello.enqueue().then(() => null, (e) => e),
+        BOUND,
+        "the enqueue to fail",
+      );
+      assertMatch(String(error?.message), /did not answer as PostgreSQL does/);
+      assertEquals(error.code, "AKADZE_NOT_POSTGRES");
+    } finally {
+      await app.close();
+    }
+    const dir = await Deno.makeTempDir({ prefix: "akadze-not-postgres-" });
+    await Deno.writeTextFile(
+      `${dir}/app.ts`,
+      `import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("hello", () => "hi");
+`,
+    );
+    await withProcesses(async () => {
+      const commands = [["jobs", "list"], ["migrate"], ["worker", `${dir}/app.ts`]];
+      for (const args of commands) {
+        const out = await within(
+          spawnCli(args, { AKADZE_DATABASE_URL: url }).done(),
+          BOUND,
+          `akadze ${args.join(" ")} to exit`,
+        );
+        assertEquals(out.code, 1, out.stderr);
+        assertMatch(out.stderr, /^error: [^\n]*did not answer as PostgreSQL does[^\n]*\n$/);
+        assert(!out.stderr.includes(PASSWORD), out.stderr);
+      }
+    }).finally(() => Deno.remove(dir, { recursive: true }));
+  });
+});
