@@ -15,7 +15,7 @@ import { migrate } from "../mod.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";
-import { killGroup, release, track, wasInterrupted } from "./lib/children.ts";
+import { release, runDriver, track, wasInterrupted } from "./lib/children.ts";
 import { LineReader, LineWriter } from "./lib/lines.ts";
 import {
   environmentLines,
@@ -337,48 +337,6 @@ function entriesFor(flags: Flags): Entry[] {
 // ---------------------------------------------------------------------------------------
 // Child processes: each driver runs in its own process group (bench/lib/children.ts).
 
-/** Run a driver; resolves to its BENCH_RESULT object. */
-async function runDriver(
-  name: string,
-  command: string,
-  args: string[],
-  env: Record<string, string>,
-  timeoutMs: number,
-): Promise<RawResult> {
-  const child = new Deno.Command(command, {
-    args,
-    env,
-    cwd: ROOT,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "inherit",
-    detached: true,
-  }).spawn();
-  track(child);
-  let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    killGroup(child);
-  }, timeoutMs);
-  let result: RawResult | null = null;
-  try {
-    const lines = new LineReader(child.stdout);
-    for (let line = await lines.next(); line !== null; line = await lines.next()) {
-      if (line.startsWith("BENCH_RESULT ")) result = JSON.parse(line.slice(13));
-      else if (line.trim()) console.error(`  [${name}] ${line}`);
-    }
-    const status = await child.status;
-    if (wasInterrupted()) throw new Error("interrupted");
-    if (timedOut) throw new Error(`${name} did not finish within ${timeoutMs / 1000} s`);
-    if (!status.success) throw new Error(`${name} exited with code ${status.code}`);
-    if (!result) throw new Error(`${name} printed no result`);
-    return result;
-  } finally {
-    clearTimeout(timer);
-    release(child); // its worker process too, should it linger
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // One entry of one round.
 
@@ -436,13 +394,12 @@ async function runEntry(
         instances: entry.config.instances as number | undefined,
         postmasterPid,
       };
-      raw = await runDriver(
-        entry.key,
-        Deno.execPath(),
-        ["run", "--allow-all", `${BENCH}/akadze/driver.ts`, JSON.stringify(spec)],
-        { BENCH_CLK_TCK: String(CLK_TCK) },
+      raw = await runDriver<RawResult>(entry.key, Deno.execPath(), {
+        args: ["run", "--allow-all", `${BENCH}/akadze/driver.ts`, JSON.stringify(spec)],
+        env: { BENCH_CLK_TCK: String(CLK_TCK) },
+        cwd: ROOT,
         timeoutMs,
-      );
+      });
     } else {
       const script = `${entry.system}.mjs`;
       const env: Record<string, string> = {
@@ -456,7 +413,12 @@ async function runEntry(
         BENCH_CLK_TCK: String(CLK_TCK),
       };
       for (const [k, v] of Object.entries(entry.config)) env[k] = String(v);
-      raw = await runDriver(entry.key, NODE, [`${PEERS_DIR}/drivers/${script}`], env, timeoutMs);
+      raw = await runDriver<RawResult>(entry.key, NODE, {
+        args: [`${PEERS_DIR}/drivers/${script}`],
+        env,
+        cwd: ROOT,
+        timeoutMs,
+      });
     }
     if (raw.completed !== flags.n) {
       throw new Error(`${entry.key}: ${raw.completed} of ${flags.n} jobs completed`);
@@ -938,8 +900,10 @@ try {
   const scenario = scenarioOf(Deno.args);
   if (scenario.name === "horizon") {
     code = await (await import("./horizon.ts")).runHorizon(scenario.rest);
+  } else if (scenario.name === "flows") {
+    code = await (await import("./flows.ts")).runFlows(scenario.rest);
   } else if (scenario.name !== null) {
-    usage(`--scenario takes horizon, got ${scenario.name}`);
+    usage(`--scenario takes horizon or flows, got ${scenario.name}`);
   } else code = await main();
 } catch (error) {
   console.error(`error: ${error instanceof Error ? error.message : error}`);

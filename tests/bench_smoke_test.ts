@@ -43,3 +43,28 @@ Deno.test("bench: the pinned-horizon smoke run pins the horizon and reports akad
   assertMatch(stdout, /^akadze: unpinned p50 [\d.,]+ ms, end of pinned p50 [\d.,]+ m?s/m);
   assertMatch(stderr, /^ {2}pinned 0-\d+ s: enqueued [\d,]+, started [\d,]+/m);
 });
+
+Deno.test("bench: the flows smoke run drains every shape and akadze's plain jobs", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-all",
+      new URL("../bench/run.ts", import.meta.url).pathname,
+      "--scenario",
+      "flows",
+      "--smoke",
+    ],
+    cwd: new URL("..", import.meta.url).pathname,
+    env: { NO_COLOR: "1" },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stdout = new TextDecoder().decode(out.stdout);
+  const stderr = new TextDecoder().decode(out.stderr);
+  assertEquals(out.code, 0, `bench --scenario flows --smoke failed:\n${stderr}\n${stdout}`);
+  assertMatch(stdout, /^akadze plain: [\d,]+ jobs\/s$/m);
+  for (const shape of ["fanout", "chain", "dag"]) {
+    assertMatch(stdout, new RegExp(`^akadze ${shape}: [\\d,]+ jobs/s$`, "m"));
+  }
+});

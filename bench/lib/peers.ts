@@ -15,6 +15,8 @@ const DRIVERS = [
   "graphile.mjs",
   "pgboss.mjs",
   "bullmq.mjs",
+  "bullmq_flows.mjs",
+  "flow_shapes.mjs",
   "steady.mjs",
   "horizon.mjs",
 ];
