@@ -4,7 +4,7 @@
 // throwaway PostgreSQL; akadze also drains as many plain jobs, the reference its flows are
 // held to. Writes bench/results/<date>-flows.json and .md (see bench/README.md).
 //
-//   deno task bench --scenario flows [--entries akadze,bullmq] [--shapes fanout,chain,dag]
+//   deno task bench --scenario flows [--entries akadze,bullmq,pgboss] [--shapes fanout,chain,dag]
 //       [--fanout 10000] [--chain 1000] [--dag 10000] [--layers 20] [--rounds 1]
 //       [--timeout 900] [--out FILE.json] [--pg name=value]...
 //   deno task bench --scenario flows --smoke   # tiny flows, akadze only, writes nothing
@@ -135,10 +135,12 @@ function parseFlags(args: readonly string[]): Flags {
 
 interface Entry {
   key: string;
-  system: "akadze" | "bullmq";
+  system: "akadze" | "bullmq" | "pgboss";
   label: string;
   /** akadze: the FlowsSpec's app and worker; peers: environment of their driver. */
   config: Record<string, unknown>;
+  /** Why this entry does not run a shape of these sizes (null: it runs). */
+  skip?: (shape: Shape, flags: Flags) => string | null;
 }
 
 const ENTRIES: readonly Entry[] = [
@@ -156,7 +158,23 @@ const ENTRIES: readonly Entry[] = [
     label: "BullMQ on PostgreSQL (FlowProducer, conc 50, pool 20, removeOnComplete)",
     config: { CONC: 50, POOL: 20, KEEP: 0 },
   },
+  // `deno task bench`'s pg-boss entry without LISTEN/NOTIFY (bench/peers/pgboss_flows.mjs);
+  // its flow resolver runs every flowIntervalSeconds (1, its smallest), so every layer of a
+  // flow waits for a resolver pass.
+  {
+    key: "pgboss",
+    system: "pgboss",
+    label: "pg-boss (flow, batch 500, conc 4, polling 0.5 s, flowIntervalSeconds 1)",
+    config: { CONC: 4, BATCH: 500 },
+    skip: (shape, flags) =>
+      shape === "chain" && flags.chain > PGBOSS_CHAIN_MAX
+        ? `a chain of ${fmt(flags.chain)} needs one flow-resolver pass (1 s at least) per step, ` +
+          `over ${fmt(flags.chain)} s; run with --chain ${PGBOSS_CHAIN_MAX} or less to measure it`
+        : null,
+  },
 ];
+/** The longest chain pg-boss runs (one resolver pass per step). */
+const PGBOSS_CHAIN_MAX = 60;
 
 /** One system's result for one shape (bench/akadze/flows.ts, bench/peers/bullmq_flows.mjs). */
 interface FlowResult {
@@ -200,12 +218,18 @@ async function runOne(
   admin: postgres.Sql,
   postmasterPid: number,
 ): Promise<Run> {
+  const run: Run = { key: entry.key, shape, round, ok: false };
+  const skipped = entry.skip?.(shape, flags);
+  if (skipped) {
+    run.ok = true;
+    run.result = { system: entry.system, skipped } as FlowResult;
+    return run;
+  }
   const db = `flows_r${round}_${entry.key.replaceAll("-", "_")}_${shape}`;
   await admin.unsafe(`drop database if exists "${db}" with (force)`);
   await admin.unsafe(`create database "${db}"`);
   const url = serverUrl.replace(/\/postgres$/, `/${db}`);
   const n = sizeOf(flags, shape);
-  const run: Run = { key: entry.key, shape, round, ok: false };
   const timeoutMs = flags.timeout * 1000;
   try {
     let result: FlowResult;
@@ -464,7 +488,7 @@ export async function runFlows(args: readonly string[]): Promise<number> {
     if (!(error instanceof UsageError)) throw error;
     console.error(`error: ${error.message}`);
     console.error(
-      "usage: deno task bench --scenario flows [--smoke] [--entries akadze,bullmq]\n" +
+      "usage: deno task bench --scenario flows [--smoke] [--entries akadze,bullmq,pgboss]\n" +
         "       [--shapes fanout,chain,dag] [--fanout N] [--chain N] [--dag N] [--layers L]\n" +
         "       [--rounds R] [--timeout SECONDS] [--out FILE.json] [--pg name=value]...",
     );

@@ -17,6 +17,7 @@ const DRIVERS = [
   "bullmq.mjs",
   "bullmq_flows.mjs",
   "flow_shapes.mjs",
+  "pgboss_flows.mjs",
   "steady.mjs",
   "horizon.mjs",
 ];
