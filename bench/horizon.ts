@@ -6,7 +6,7 @@
 // transaction held open in its database, then after that transaction ends. Writes
 // bench/results/<date>-horizon.json and .md (see bench/README.md).
 //
-//   deno task bench --scenario horizon [--entries akadze,graphile,graphile-batched,pgboss]
+//   deno task bench --scenario horizon [--entries akadze,graphile,graphile-batched,pgboss,bullmq]
 //       [--rate 500] [--before 60] [--pinned 900] [--after 120] [--window 60]
 //       [--recovery-window 10] [--collapse-backlog 100000] [--collapse-p50 60]
 //       [--tick-ms 10] [--batch 100] [--out FILE.json] [--pg name=value]...
@@ -26,7 +26,7 @@ import {
   type PostgresInfo,
   postgresInfo,
 } from "./lib/machine.ts";
-import { ensurePeers, NODE, PEERS_DIR } from "./lib/peers.ts";
+import { ensurePeers, NODE, PEERS_DIR, peersLine } from "./lib/peers.ts";
 import { CLK_TCK, cpuMs, postgresCpuMs, readPostmasterPid } from "./lib/proc.ts";
 import { fmt } from "./lib/report.ts";
 
@@ -168,7 +168,7 @@ function parseFlags(args: readonly string[]): Flags {
 
 interface Entry {
   key: string;
-  system: "akadze" | "graphile" | "pgboss";
+  system: "akadze" | "graphile" | "pgboss" | "bullmq";
   label: string;
   /** akadze: the SteadySpec's app and worker; peers: environment of bench/peers/horizon.mjs. */
   config: Record<string, unknown>;
@@ -209,8 +209,15 @@ const ENTRIES: readonly Entry[] = [
     label: "pg-boss (batch 500, localConcurrency 4, notify, burst)",
     config: { CONC: 4, BATCH: 500 },
   },
+  // The settings of `deno task bench`'s BullMQ entry (its PostgreSQL guide's advice).
+  {
+    key: "bullmq",
+    system: "bullmq",
+    label: "BullMQ on PostgreSQL (concurrency 50, pool 20, removeOnComplete)",
+    config: { CONC: 50, POOL: 20, KEEP: 0 },
+  },
 ];
-const DEFAULT_ENTRIES = ["akadze", "graphile", "graphile-batched", "pgboss"];
+const DEFAULT_ENTRIES = ["akadze", "graphile", "graphile-batched", "pgboss", "bullmq"];
 
 // ---------------------------------------------------------------------------------------
 // One entry
@@ -783,14 +790,7 @@ function markdown(report: Report): string {
       `"other CPU" column).`,
     "",
   );
-  if (report.peers) {
-    lines.push(
-      `Peers: graphile-worker ${report.peers["graphile-worker"]}, pg-boss ${
-        report.peers["pg-boss"]
-      }, pg ${report.peers.pg}.`,
-      "",
-    );
-  }
+  if (report.peers) lines.push(peersLine(report.peers), "");
   lines.push(
     `Load: ${fmt(p.rate)} no-op jobs/s, enqueued by a producer ticking every ${p.tickMs} ms ` +
       `(open loop: each tick enqueues the jobs due since the last, whatever the worker does, ` +

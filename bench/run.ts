@@ -1,19 +1,21 @@
-// `deno task bench`: akadze, graphile-worker 0.18 and pg-boss 12 side by side on one durable
+// `deno task bench`: akadze, graphile-worker 0.18, pg-boss 12 and BullMQ 6 (on its PostgreSQL
+// backend) side by side on one durable
 // throwaway PostgreSQL, interleaved over rounds, each system on a fresh database per round.
 // Writes bench/results/<date>.json and .md (see bench/README.md).
 //
-//   deno task bench [--rounds 3] [--n 50000] [--only akadze,graphile,pgboss] [--out FILE]
+//   deno task bench [--rounds 3] [--n 50000] [--only akadze,graphile,pgboss,bullmq] [--out FILE]
 //                   [--single 1000] [--samples 300] [--warmup 100] [--retained 1000000]
 //                   [--idle 30] [--latency-worker in-process|process]
 //                   [--timeout 900] [--entries akadze,graphile,...] [--pg name=value]...
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
 //   deno task bench --scenario horizon [...]   # the pinned-horizon scenario, bench/horizon.ts
+//   deno task bench --scenario flows [...]     # dependent jobs, bench/flows.ts
 import postgres from "postgres";
 import { migrate } from "../mod.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";
-import { killGroup, release, track, wasInterrupted } from "./lib/children.ts";
+import { release, runDriver, track, wasInterrupted } from "./lib/children.ts";
 import { LineReader, LineWriter } from "./lib/lines.ts";
 import {
   environmentLines,
@@ -24,7 +26,7 @@ import {
   type PostgresInfo,
   postgresInfo,
 } from "./lib/machine.ts";
-import { ensurePeers, NODE, PEERS_DIR } from "./lib/peers.ts";
+import { ensurePeers, NODE, PEERS_DIR, peersLine } from "./lib/peers.ts";
 import { CLK_TCK, cpuMs, postgresCpuMs, readPostmasterPid } from "./lib/proc.ts";
 import {
   cell,
@@ -44,8 +46,8 @@ const BENCH = `${ROOT}/bench`;
 // ---------------------------------------------------------------------------------------
 // Flags
 
-type System = "akadze" | "graphile" | "pgboss";
-const SYSTEMS: readonly System[] = ["akadze", "graphile", "pgboss"];
+type System = "akadze" | "graphile" | "pgboss" | "bullmq";
+const SYSTEMS: readonly System[] = ["akadze", "graphile", "pgboss", "bullmq"];
 
 interface Flags {
   smoke: boolean;
@@ -71,7 +73,8 @@ interface Flags {
 function usage(message: string): never {
   console.error(`error: ${message}`);
   console.error(
-    "usage: deno task bench [--smoke] [--rounds R] [--n N] [--only akadze|graphile|pgboss[,...]]\n" +
+    "usage: deno task bench [--smoke] [--rounds R] [--n N]\n" +
+      "       [--only akadze|graphile|pgboss|bullmq[,...]]\n" +
       "       [--out FILE.json] [--single K] [--samples S] [--warmup W] [--retained M]\n" +
       "       [--idle SECONDS] [--latency-worker in-process|process]" +
       " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]...",
@@ -312,53 +315,27 @@ function entriesFor(flags: Flags): Entry[] {
       config: { CONC: 4, BATCH: 500 },
     });
   }
+  if (flags.only.has("bullmq")) {
+    // Its PostgreSQL guide's advice for throughput: a pool sized for the concurrency and
+    // `removeOnComplete` so that finished jobs do not accumulate (bench/README.md).
+    entries.push({
+      key: "bullmq",
+      system: "bullmq",
+      label: "BullMQ on PostgreSQL (conc 50, pool 20, removeOnComplete)",
+      config: { CONC: 50, POOL: 20, KEEP: 0 },
+    });
+    entries.push({
+      key: "bullmq-keep",
+      system: "bullmq",
+      label: "BullMQ on PostgreSQL (conc 50, pool 20, completed jobs kept)",
+      config: { CONC: 50, POOL: 20, KEEP: 1 },
+    });
+  }
   return flags.entries ? entries.filter((e) => flags.entries!.has(e.key)) : entries;
 }
 
 // ---------------------------------------------------------------------------------------
 // Child processes: each driver runs in its own process group (bench/lib/children.ts).
-
-/** Run a driver; resolves to its BENCH_RESULT object. */
-async function runDriver(
-  name: string,
-  command: string,
-  args: string[],
-  env: Record<string, string>,
-  timeoutMs: number,
-): Promise<RawResult> {
-  const child = new Deno.Command(command, {
-    args,
-    env,
-    cwd: ROOT,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "inherit",
-    detached: true,
-  }).spawn();
-  track(child);
-  let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    killGroup(child);
-  }, timeoutMs);
-  let result: RawResult | null = null;
-  try {
-    const lines = new LineReader(child.stdout);
-    for (let line = await lines.next(); line !== null; line = await lines.next()) {
-      if (line.startsWith("BENCH_RESULT ")) result = JSON.parse(line.slice(13));
-      else if (line.trim()) console.error(`  [${name}] ${line}`);
-    }
-    const status = await child.status;
-    if (wasInterrupted()) throw new Error("interrupted");
-    if (timedOut) throw new Error(`${name} did not finish within ${timeoutMs / 1000} s`);
-    if (!status.success) throw new Error(`${name} exited with code ${status.code}`);
-    if (!result) throw new Error(`${name} printed no result`);
-    return result;
-  } finally {
-    clearTimeout(timer);
-    release(child); // its worker process too, should it linger
-  }
-}
 
 // ---------------------------------------------------------------------------------------
 // One entry of one round.
@@ -417,15 +394,14 @@ async function runEntry(
         instances: entry.config.instances as number | undefined,
         postmasterPid,
       };
-      raw = await runDriver(
-        entry.key,
-        Deno.execPath(),
-        ["run", "--allow-all", `${BENCH}/akadze/driver.ts`, JSON.stringify(spec)],
-        { BENCH_CLK_TCK: String(CLK_TCK) },
+      raw = await runDriver<RawResult>(entry.key, Deno.execPath(), {
+        args: ["run", "--allow-all", `${BENCH}/akadze/driver.ts`, JSON.stringify(spec)],
+        env: { BENCH_CLK_TCK: String(CLK_TCK) },
+        cwd: ROOT,
         timeoutMs,
-      );
+      });
     } else {
-      const script = entry.system === "graphile" ? "graphile.mjs" : "pgboss.mjs";
+      const script = `${entry.system}.mjs`;
       const env: Record<string, string> = {
         DATABASE_URL: url,
         N: String(flags.n),
@@ -437,7 +413,12 @@ async function runEntry(
         BENCH_CLK_TCK: String(CLK_TCK),
       };
       for (const [k, v] of Object.entries(entry.config)) env[k] = String(v);
-      raw = await runDriver(entry.key, NODE, [`${PEERS_DIR}/drivers/${script}`], env, timeoutMs);
+      raw = await runDriver<RawResult>(entry.key, NODE, {
+        args: [`${PEERS_DIR}/drivers/${script}`],
+        env,
+        cwd: ROOT,
+        timeoutMs,
+      });
     }
     if (raw.completed !== flags.n) {
       throw new Error(`${entry.key}: ${raw.completed} of ${flags.n} jobs completed`);
@@ -557,13 +538,22 @@ function targetsOf(
     });
   };
   if (a && g && b) {
+    // The best of the peers that ran (BullMQ's entries only when they did).
+    const peers: [string, Record<MetricName, Summary>][] = [["graphile-worker", g], ["pg-boss", b]];
+    for (const key of ["bullmq", "bullmq-keep"]) {
+      if (summary[key]) peers.push([key === "bullmq" ? "BullMQ" : "BullMQ, kept", summary[key]]);
+    }
     const better = (m: MetricName, higher: boolean) => {
-      const gv = med(g, m), bv = med(b, m);
-      if (gv === null || bv === null) {
-        return { v: gv ?? bv, who: gv === null ? "pg-boss" : "graphile" };
+      let best: { v: number | null; who: string; s?: Record<MetricName, Summary> } = {
+        v: null,
+        who: "graphile-worker",
+      };
+      for (const [who, s] of peers) {
+        const v = med(s, m);
+        if (v === null) continue;
+        if (best.v === null || (higher ? v > best.v : v < best.v)) best = { v, who, s };
       }
-      const gWins = higher ? gv >= bv : gv <= bv;
-      return gWins ? { v: gv, who: "graphile-worker" } : { v: bv, who: "pg-boss" };
+      return best;
     };
     const drain = better("drain_jobs_per_s", true);
     add(
@@ -593,7 +583,7 @@ function targetsOf(
       );
     }
     const p50 = better("lat_p50_ms", false);
-    const peerP95 = med(p50.who === "pg-boss" ? b : g, "lat_p95_ms");
+    const peerP95 = med(p50.s, "lat_p95_ms");
     add(
       "latency p50 ≤ better peer's p50",
       med(a, "lat_p50_ms"),
@@ -676,15 +666,7 @@ function markdown(report: Report): string {
       `Cells: median (min–max over rounds).`,
     "",
   );
-  if (report.peers) {
-    lines.push(
-      `Peers: graphile-worker ${report.peers["graphile-worker"]}, pg-boss ${
-        report.peers["pg-boss"]
-      }, ` +
-        `pg ${report.peers.pg}.`,
-      "",
-    );
-  }
+  if (report.peers) lines.push(peersLine(report.peers), "");
   lines.push(`| metric | ${shown.map((e) => e.label).join(" | ")} |`);
   lines.push(`|---|${shown.map(() => "---:").join("|")}|`);
   for (
@@ -918,8 +900,10 @@ try {
   const scenario = scenarioOf(Deno.args);
   if (scenario.name === "horizon") {
     code = await (await import("./horizon.ts")).runHorizon(scenario.rest);
+  } else if (scenario.name === "flows") {
+    code = await (await import("./flows.ts")).runFlows(scenario.rest);
   } else if (scenario.name !== null) {
-    usage(`--scenario takes horizon, got ${scenario.name}`);
+    usage(`--scenario takes horizon or flows, got ${scenario.name}`);
   } else code = await main();
 } catch (error) {
   console.error(`error: ${error instanceof Error ? error.message : error}`);

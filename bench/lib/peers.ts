@@ -1,4 +1,5 @@
-// The peers (graphile-worker 0.18, pg-boss 12, and a Node >= 22 to run them): installed
+// The peers (graphile-worker 0.18, pg-boss 12, BullMQ 6 with node-postgres for its
+// PostgreSQL backend, and a Node >= 22 to run them): installed
 // once with npm into bench/.peers (ignored by git) and reused while the versions match.
 import { readText } from "./machine.ts";
 
@@ -7,9 +8,19 @@ const BENCH = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 export const PEERS_DIR = `${BENCH}/.peers`;
 /** The Node binary the peers' drivers run with. */
 export const NODE = `${PEERS_DIR}/node_modules/.bin/node`;
-const PEER_PACKAGES = ["node@22", "graphile-worker@0.18", "pg-boss@12", "pg"];
+const PEER_PACKAGES = ["node@22", "graphile-worker@0.18", "pg-boss@12", "bullmq@6.7", "pg"];
 /** The drivers copied next to the packages (bench/peers/*.mjs). */
-const DRIVERS = ["common.mjs", "graphile.mjs", "pgboss.mjs", "steady.mjs", "horizon.mjs"];
+const DRIVERS = [
+  "common.mjs",
+  "graphile.mjs",
+  "pgboss.mjs",
+  "bullmq.mjs",
+  "bullmq_flows.mjs",
+  "flow_shapes.mjs",
+  "pgboss_flows.mjs",
+  "steady.mjs",
+  "horizon.mjs",
+];
 
 async function peerVersions(): Promise<Record<string, string> | null> {
   try {
@@ -22,12 +33,13 @@ async function peerVersions(): Promise<Record<string, string> | null> {
       node,
       "graphile-worker": await pkg("graphile-worker"),
       "pg-boss": await pkg("pg-boss"),
+      bullmq: await pkg("bullmq"),
       pg: await pkg("pg"),
     };
     const major = Number(/^v(\d+)/.exec(node)?.[1]);
     if (
       major >= 22 && versions["graphile-worker"].startsWith("0.18.") &&
-      versions["pg-boss"].startsWith("12.")
+      versions["pg-boss"].startsWith("12.") && versions.bullmq.startsWith("6.")
     ) return versions;
   } catch {
     // not installed
@@ -64,4 +76,10 @@ export async function ensurePeers(): Promise<Record<string, string>> {
     await Deno.copyFile(`${BENCH}/peers/${name}`, `${PEERS_DIR}/drivers/${name}`);
   }
   return versions;
+}
+
+/** The results' line naming the peers' versions. */
+export function peersLine(peers: Record<string, string>): string {
+  return `Peers: graphile-worker ${peers["graphile-worker"]}, pg-boss ${peers["pg-boss"]}, ` +
+    `BullMQ ${peers.bullmq ?? "–"} (PostgreSQL backend), pg ${peers.pg}, Node ${peers.node}.`;
 }

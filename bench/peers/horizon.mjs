@@ -1,14 +1,18 @@
 // The peers' driver of the pinned-horizon scenario (bench/horizon.ts): a producer enqueuing
 // at a steady rate and one worker, both in this Node process, talking the
 // protocol of steady.mjs. Settings from the environment:
-//   SYSTEM   graphile | pgboss
+//   SYSTEM   graphile | pgboss | bullmq
 //   DATABASE_URL, RATE (jobs/s), TICK_MS (producer tick), ENQUEUE_BATCH (jobs per call at
 //   most; 1: single-job calls)
 //   graphile: CONC (concurrentJobs), LQ (localQueue size, -1 off), BATCH
 //             (complete/failJobBatchDelay ms, -1 off)
 //   pgboss:   CONC (localConcurrency), BATCH (batchSize)
+//   bullmq:   CONC (Worker concurrency), POOL (pool size of each backend), KEEP (1: keep
+//             completed jobs; default removeOnComplete)
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 import { PgBoss } from "pg-boss";
+import { createPostgresBackend, Queue, runMigrations, Worker } from "bullmq";
+import pg from "pg";
 import { createSteady } from "./steady.mjs";
 
 const env = process.env;
@@ -86,8 +90,38 @@ if (env.SYSTEM === "graphile") {
       await producer.stop({ graceful: false, wait: false });
     },
   );
+} else if (env.SYSTEM === "bullmq") {
+  // BullMQ on its PostgreSQL backend, the settings of `deno task bench`'s entry: the worker
+  // and the producer (a Queue, as a web process adding jobs would have) own a backend each.
+  const Q = "noop";
+  const connection = { connectionString: url, max: num("POOL", 20) };
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  await runMigrations(client);
+  await client.end();
+  const producer = new Queue(Q, {
+    connection,
+    defaultJobOptions: env.KEEP === "1" ? {} : { removeOnComplete: true },
+  }, createPostgresBackend);
+  await producer.waitUntilReady();
+  const worker = new Worker(Q, (job) => steady.record(job.data), {
+    connection,
+    concurrency: num("CONC", 50),
+  }, createPostgresBackend);
+  worker.on("error", (e) => console.error("bullmq worker error:", e.message));
+  await worker.waitUntilReady();
+  await steady.run(
+    (jobs) =>
+      jobs.length === 1
+        ? producer.add("noop", jobs[0])
+        : producer.addBulk(jobs.map((data) => ({ name: "noop", data }))),
+    async () => {
+      await worker.close();
+      await producer.close();
+    },
+  );
 } else {
-  console.error(`SYSTEM must be graphile or pgboss, got ${env.SYSTEM}`);
+  console.error(`SYSTEM must be graphile, pgboss or bullmq, got ${env.SYSTEM}`);
   process.exit(2);
 }
 process.exit(0);
