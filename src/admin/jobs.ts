@@ -15,8 +15,8 @@ import {
   type TransactionSql,
 } from "../db.ts";
 import { AkadzeError, DuplicateJob } from "../errors.ts";
-import type { JobState } from "../job.ts";
-import { checkQueueName, isIntegerIn, JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
+import { ACTIVE_STATES, JOB_STATES, type JobState, stateList } from "../job.ts";
+import { checkQueueName, isIntegerIn, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
@@ -43,7 +43,7 @@ export async function requestCancel(
     session.unsafe(
       `with marked as (
          update ${s}.jobs set cancel_requested_at = coalesce(cancel_requested_at, now())
-          where id = $1::bigint and state in ('queued', 'running')
+          where id = $1::bigint and state in (${stateList(ACTIVE_STATES)})
          returning id, state)
        select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
       [id, cancelChannel(schema)],
@@ -285,7 +285,7 @@ export async function requeueJobs(
     ranked as (
       select m.id, m.unique_key is not null and (
           exists (select 1 from ${s}.jobs a where a.unique_key = m.unique_key
-                   and a.state in ('queued', 'running'))
+                   and a.state in (${stateList(ACTIVE_STATES)}))
           or row_number() over (partition by m.unique_key order by m.id desc) > 1
         ) as held
         from matched m
@@ -346,7 +346,9 @@ export async function cancelJobs(
   const schema = filter.schema ?? "akadze";
   const s = quoteSchema(schema);
   const params = filterParams(filter);
-  const where = `${FILTER} and j.state in ('queued', 'running') and j.cancel_requested_at is null`;
+  const where = `${FILTER} and j.state in (${
+    stateList(ACTIVE_STATES)
+  }) and j.cancel_requested_at is null`;
   const [row] = await explainMissingSchema(
     schema,
     () =>
