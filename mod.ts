@@ -85,15 +85,19 @@ export type { EnqueueOptions } from "./src/enqueue.ts";
 export type { NodePostgresClient } from "./src/node_postgres.ts";
 export { current, type JobContext } from "./src/context.ts";
 export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
-export type {
-  AfterRunHook,
-  BeforeRunHook,
-  EnqueuedJob,
-  Hooks,
-  JobInfo,
-  JobState,
-  OnEnqueueHook,
-  OnTransitionHook,
+export {
+  ACTIVE_STATES,
+  type AfterRunHook,
+  type BeforeRunHook,
+  type EnqueuedJob,
+  type Hooks,
+  JOB_STATE_KINDS,
+  JOB_STATES,
+  type JobInfo,
+  type JobState,
+  type OnEnqueueHook,
+  type OnTransitionHook,
+  TERMINAL_STATES,
 } from "./src/job.ts";
 export type {
   InferInput,

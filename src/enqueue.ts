@@ -14,7 +14,7 @@ import {
   type TransactionSql,
 } from "./db.ts";
 import { DuplicateJob, EnqueueError } from "./errors.ts";
-import type { EnqueuedJob, OnEnqueueHook } from "./job.ts";
+import { ACTIVE_STATES, type EnqueuedJob, type OnEnqueueHook, stateList } from "./job.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
 import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
 import {
@@ -401,7 +401,9 @@ function insertStatement(
              coalesce($6::timestamptz, now() + coalesce($7::float8, 0) * interval '1 millisecond'),
              $8::timestamptz, $9::text, $10::text`;
   const conflict = shape.unique
-    ? `on conflict (unique_key) where state in ('queued', 'running') and unique_key is not null
+    ? `on conflict (unique_key) where state in (${
+      stateList(ACTIVE_STATES)
+    }) and unique_key is not null
         do nothing`
     : "";
   if (shape.one) {

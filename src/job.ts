@@ -5,13 +5,48 @@
  */
 import type { TransactionSql } from "./db.ts";
 
-/** The states of a job. */
-export type JobState = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+/**
+ * Every state of a job, in lifecycle order, and its kind: an active job holds its uniqueKey
+ * and can still run or be cancelled; a terminal one has finished (`finished_at` is set) and is
+ * left to retention. A new state is one line here (the type, the lists below, the admin and
+ * CLI filters and the metrics follow), plus a migration that widens `jobs_state_check` and
+ * the partial indexes on active or terminal states (tests/job_columns_test.ts compares them).
+ *
+ * @example
+ * ```ts
+ * import { JOB_STATE_KINDS } from "@akadze/akadze";
+ * console.log(JOB_STATE_KINDS.failed); // "terminal"
+ * ```
+ */
+export const JOB_STATE_KINDS = {
+  queued: "active",
+  running: "active",
+  succeeded: "terminal",
+  failed: "terminal",
+  cancelled: "terminal",
+} as const satisfies Record<string, "active" | "terminal">;
 
+/** The states of a job (see {@linkcode JOB_STATE_KINDS}). */
+export type JobState = keyof typeof JOB_STATE_KINDS;
+
+/** Every job state, in lifecycle order. */
+export const JOB_STATES: readonly JobState[] = Object.keys(JOB_STATE_KINDS) as JobState[];
 /** The states in which a job is still active (holds its uniqueKey). */
-export const ACTIVE_STATES: readonly JobState[] = ["queued", "running"];
+export const ACTIVE_STATES: readonly JobState[] = JOB_STATES.filter((state) =>
+  JOB_STATE_KINDS[state] === "active"
+);
 /** The terminal states. */
-export const TERMINAL_STATES: readonly JobState[] = ["succeeded", "failed", "cancelled"];
+export const TERMINAL_STATES: readonly JobState[] = JOB_STATES.filter((state) =>
+  JOB_STATE_KINDS[state] === "terminal"
+);
+
+/**
+ * `states` as an SQL list of literals for `state in (...)`, e.g. `'queued', 'running'`: the
+ * statements that name a kind of state take it from the lists above.
+ */
+export function stateList(states: readonly JobState[]): string {
+  return states.map((state) => `'${state}'`).join(", ");
+}
 
 /** A job as seen by hooks and handlers (never its arguments' or result's history). */
 export interface JobInfo {

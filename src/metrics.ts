@@ -27,7 +27,7 @@ import { readLimits } from "./admin/limits.ts";
 import { queueSnapshots, readQueueState } from "./admin/queues.ts";
 import { DEFAULT_SCHEMA, explainMissingSchema, quoteSchema, type Sql } from "./db.ts";
 import { horizonGauges, readHorizon } from "./horizon.ts";
-import { JOB_STATES } from "./rules.ts";
+import { JOB_STATES } from "./job.ts";
 
 /** Options of {@linkcode renderMetrics}. */
 export interface RenderMetricsOptions {

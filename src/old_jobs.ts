@@ -4,14 +4,15 @@
  *
  * @module
  */
+import { stateList, TERMINAL_STATES } from "./job.ts";
 
 /**
  * The condition of a job that finished more than $1 milliseconds ago, `succeeded` or
- * `cancelled` (or `failed`, with `includeFailed`). The states are constants, so the
+ * `cancelled` (or `failed`, with `includeFailed`): the terminal states. They are literals, so the
  * planner can prove that the partial index on `finished_at` applies.
  */
 export function oldJobsCondition(includeFailed: boolean): string {
-  const states = includeFailed ? `'succeeded', 'failed', 'cancelled'` : `'succeeded', 'cancelled'`;
+  const states = stateList(TERMINAL_STATES.filter((state) => includeFailed || state !== "failed"));
   return `state in (${states}) and finished_at < now() - $1::float8 * interval '1 millisecond'`;
 }
 

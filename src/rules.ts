@@ -10,7 +10,6 @@
  * @module
  */
 import { AkadzeError } from "./errors.ts";
-import type { JobState } from "./job.ts";
 
 /** The queue-name rule (also a CHECK constraint on jobs.queue). */
 export const QUEUE_NAME = /^[A-Za-z0-9_.:-]{1,64}$/;
@@ -61,15 +60,6 @@ export const LIST_JOBS_MAX = 1000;
 export const SLOTS_MAX = 10_000;
 /** The largest TCP port (a worker's metrics port). */
 export const PORT_MAX = 65_535;
-
-/** Every job state, in lifecycle order. */
-export const JOB_STATES: readonly JobState[] = [
-  "queued",
-  "running",
-  "succeeded",
-  "failed",
-  "cancelled",
-];
 
 /** Whether `value` is an integer from `min` to `max`. */
 export function isIntegerIn(value: unknown, min: number, max: number): value is number {

@@ -44,6 +44,7 @@ import type { Akadze } from "./app.ts";
 import { Worker } from "./worker/worker.ts";
 import { describeError, explainMissingSchema, quoteSchema, urlPassword } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
+import { ACTIVE_STATES, stateList } from "./job.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "./throwaway_postgres.ts";
 
 export {
@@ -199,7 +200,7 @@ export async function assertEnqueued(
   const rows = await explainMissingSchema(app.schema, () =>
     app.sql.unsafe(
       `select id::text as id, args @> $2::text::jsonb as match from ${s}.jobs
-        where task = $1 and state in ('queued', 'running') order by jobs.id`,
+        where task = $1 and state in (${stateList(ACTIVE_STATES)}) order by jobs.id`,
       [taskName, JSON.stringify(args)],
     ));
   const match = rows.find((r) => r.match);

@@ -5,7 +5,7 @@ import { pauseQueue, resumeQueue, setLimit } from "../mod.ts";
 import { connect, type Sql } from "../src/db.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { waitFor, withApp, workClaimer } from "./_helpers.ts";
+import { waitFor, withApp, withDatabase, workClaimer } from "./_helpers.ts";
 
 Deno.test("a claim on a connection with a cached plan still honours pauses, limits and priorities added later", async () => {
   await withApp("claimer_cached", async (app, _sql, db) => {
@@ -198,6 +198,125 @@ Deno.test("a costly whole-queue claim spaces the next one: 2 s while cheap, 250 
       await behind(4);
       assertEquals(await claim(58_999), []);
       assertEquals(await claim(59_000, 59_000), [{ i: 4 }], "2 s after a cheap one again");
+    } finally {
+      await one.end();
+    }
+  });
+});
+
+Deno.test("every claim path claims one set of jobs in the same order, and none it must not", async () => {
+  await withDatabase("claimer_paths", async (db, sql) => {
+    // track_functions counts each call of the claim functions: the paths below are those.
+    const one = connect(db.url, { max: 1 });
+    await one`set track_functions = 'pl'`;
+    const base = { schema: "akadze", workerId: "w1", tasks: ["work"], hooks: [] };
+    // label, priority, run_at (s after a base an hour ago), limit key, and what keeps a job
+    // from any claim.
+    const jobs: [string, number, number, string | null, string?][] = [
+      ["a", 0, 10, null],
+      ["b", 0, 10, null], // same priority and run_at as a: by id
+      ["c", 5, 30, null],
+      ["d", 5, 20, null],
+      ["e", -3, 0, null],
+      ["f", 0, 5, "k"], // a limits row in the limited paths
+      ["g", 5, 25, "k"],
+      ["h", 0, 15, "free"], // a key without a limits row
+      ["i", 10, 50, null, "expires_at = now() + interval '1 hour'"], // not expired yet
+      ["j", -3, 0, null],
+      ["x1", 9, 0, null, "cancel_requested_at = now()"],
+      ["x2", 9, 0, null, "expires_at = now() - interval '1 second'"],
+      ["x3", 9, 0, null, "run_at = now() + interval '1 hour'"],
+      ["x4", 9, 0, null, "task = 'other'"],
+    ];
+    const expected = ["i", "d", "g", "c", "f", "a", "b", "h", "e", "j"];
+    const reset = async (limits: boolean) => {
+      await sql`delete from akadze.jobs`;
+      await sql`delete from akadze.limits`;
+      for (const [label, priority, at, key, extra] of jobs) {
+        const [{ id }] = await sql`
+          insert into akadze.jobs (task, queue, priority, run_at, limit_key, args)
+          values ('work', 'q', ${priority},
+                  date_trunc('second', now()) - interval '1 hour' + ${at} * interval '1 second',
+                  ${key}, ${sql.json({ label })})
+          returning id`;
+        if (extra) await sql.unsafe(`update akadze.jobs set ${extra} where id = $1`, [id]);
+      }
+      if (limits) await setLimit(sql, "k", { maxRunning: 100 });
+    };
+    const calls = async () => {
+      await one`select pg_stat_force_next_flush()`;
+      const rows = await one`
+        select funcname, calls::int as n from pg_stat_user_functions
+         where schemaname = 'akadze' and funcname in ('claim_one', 'claim_one_floor')`;
+      return Object.fromEntries(rows.map((r) => [r.funcname, r.n]));
+    };
+    const run = async (
+      claimer: () => Claimer,
+      requests: { queue: string; slots: number }[],
+    ): Promise<string[]> => {
+      const order: string[] = [];
+      for (let n = 0; n < jobs.length + 1; n++) {
+        const { claimed } = await claimer().claim(requests, 1);
+        if (claimed.length === 0) break;
+        order.push(...claimed.map((j) => (j.args as { label: string }).label));
+        for (const j of claimed) {
+          assertEquals([j.state, j.worker_id, j.queue, j.run_count], ["running", "w1", "q", 1]);
+          assert(j.run_at instanceof Date && j.created_at instanceof Date && j.started_at);
+        }
+      }
+      return order;
+    };
+    const oneQueue = [{ queue: "q", slots: 1 }];
+    const twoQueues = [{ queue: "empty", slots: 1 }, { queue: "q", slots: 1 }];
+    const paths: [string, boolean, () => () => Claimer, { queue: string; slots: number }[]][] = [
+      [
+        "claim_one: a new claimer for each claim",
+        false,
+        () => () => new Claimer(one, base),
+        oneQueue,
+      ],
+      ["claim_one_floor: one claimer, its clock stopped", false, () => {
+        const claimer = new Claimer(one, { ...base, now: () => 0 });
+        return () => claimer;
+      }, oneQueue],
+      ["several queues", false, () => {
+        const claimer = new Claimer(one, base);
+        return () => claimer;
+      }, twoQueues],
+      ["limits, one queue", true, () => {
+        const claimer = new Claimer(one, base);
+        return () => claimer;
+      }, oneQueue],
+      ["limits, several queues", true, () => {
+        const claimer = new Claimer(one, base);
+        return () => claimer;
+      }, twoQueues],
+      ["an onTransition hook: one job per transaction", false, () => {
+        const claimer = new Claimer(one, { ...base, hooks: [() => {}] });
+        return () => claimer;
+      }, twoQueues],
+    ];
+    try {
+      for (const [name, limits, make, requests] of paths) {
+        await reset(limits);
+        const before = await calls();
+        assertEquals(await run(make(), requests), expected, name);
+        const after = await calls();
+        const used = (f: string) => (after[f] ?? 0) - (before[f] ?? 0);
+        if (name.startsWith("claim_one:")) assertEquals(used("claim_one_floor"), 0, name);
+        if (name.startsWith("claim_one_floor:")) {
+          // The first claim scans the whole queue; every later one starts from floors.
+          assertEquals([used("claim_one"), used("claim_one_floor")], [1, expected.length], name);
+        }
+        if (name.startsWith("several") || name === "limits, several queues") {
+          assertEquals(used("claim_one") + used("claim_one_floor"), 0, name);
+        }
+        const [{ n }] =
+          await sql`select count(*)::int as n from akadze.jobs where state = 'queued'`;
+        assertEquals(n, 4, `${name}: the four jobs no claim may take are left`);
+      }
+      const [{ marks }] = await sql`select count(*)::int as marks from akadze.limit_starts`;
+      assertEquals(marks, 0, "maxRunning only: no start marks");
     } finally {
       await one.end();
     }

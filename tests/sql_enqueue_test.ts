@@ -4,6 +4,7 @@
 import pg from "pg";
 import postgres from "postgres";
 import * as v from "valibot";
+import type { EnqueueOptions } from "../src/enqueue.ts";
 import { EnqueueError } from "../src/errors.ts";
 import { jobsChannel } from "../src/db.ts";
 import { drain } from "../src/testing.ts";
@@ -373,6 +374,89 @@ Deno.test("a role with USAGE on the schema and INSERT, SELECT (id, state, unique
       assertEquals(await countJobs(sql), 3);
     } finally {
       await sql.unsafe(`drop owned by ${role}; drop role ${role}`);
+    }
+  });
+});
+
+Deno.test("TypeScript and SQL enqueue store identical rows for the same inputs, every option included", async () => {
+  await withApp("sql_twins", async (app, sql) => {
+    const runAt = new Date("2030-01-02T03:04:05.678Z");
+    const expiresAt = new Date("2031-05-06T07:08:09.012Z");
+    const args = { to: "ada@example.com", n: [1, { deep: true }], s: "é\u2028", z: null };
+    // Every column but the id and the enqueue time; a run_at left to its default is "now".
+    const stored = async (ids: readonly (string | null)[]) => {
+      const rows = await sql`
+        select to_jsonb(j) - 'id' - 'created_at' - 'run_at' || jsonb_build_object('run_at',
+                 case when j.run_at = j.created_at then 'now' else j.run_at::text end) as row
+          from akadze.jobs j where j.id = any(${ids as string[]}::bigint[]) order by j.id`;
+      await sql`delete from akadze.jobs where id = any(${ids as string[]}::bigint[])`;
+      assertEquals(rows.length, ids.length);
+      return rows.map((r) => r.row);
+    };
+    // One task with defaults, one with its own queue, priority and budget.
+    const tasks = [
+      app.task("twin", () => {}),
+      app.task("twin.own", {
+        queue: "own",
+        priority: 4,
+        maxAttempts: 7,
+      }, () => {}),
+    ];
+    const sqlDefaults = [{}, { queue: "own", priority: 4, max_attempts: 7 }];
+    const cases: [string, EnqueueOptions, Record<string, unknown>][] = [
+      ["defaults", {}, {}],
+      ["every option", {
+        queue: "mail.bulk",
+        priority: -7,
+        maxAttempts: 9,
+        runAt,
+        uniqueKey: "u-1",
+        limitKey: "smtp",
+        expiresAt,
+      }, {
+        queue: "mail.bulk",
+        priority: -7,
+        max_attempts: 9,
+        run_at: runAt.toISOString(),
+        unique_key: "u-1",
+        limit_key: "smtp",
+        expires_at: expiresAt.toISOString(),
+      }],
+      ["a unique key alone", { uniqueKey: "u-2" }, { unique_key: "u-2" }],
+      ["extremes", { priority: 32767, maxAttempts: 2147483647 }, {
+        priority: 32767,
+        max_attempts: 2147483647,
+      }],
+    ];
+    // SQL's named arguments, from a case's columns.
+    const named = (columns: Record<string, unknown>) =>
+      Object.keys(columns).map((k, i) => `, ${k} => $${i + 3}`).join("");
+    const values = (columns: Record<string, unknown>) => Object.values(columns) as string[];
+    // The TypeScript statement has three shapes (one row, several, and whole rows for
+    // onEnqueue hooks); each is compared.
+    for (const hooked of [false, true]) {
+      app.hooks.onEnqueue.length = 0;
+      if (hooked) app.hooks.onEnqueue.push(() => {});
+      for (const [t, task] of tasks.entries()) {
+        for (const [name, options, columns] of cases) {
+          const what = `${task.name}, ${name}${hooked ? ", with a hook" : ""}`;
+          const all = { ...sqlDefaults[t], ...columns };
+          const ts = await stored([await task.using(options).enqueue(args)]);
+          const [{ id }] = await sql.unsafe(
+            `select akadze.enqueue($1, $2::text::jsonb${named(all)}) as id`,
+            [task.name, JSON.stringify(args), ...values(all)],
+          );
+          assertEquals(await stored([id]), ts, `one job: ${what}`);
+          if (options.uniqueKey) continue; // a batch cannot share one
+          const list = [args, { i: 1 }, {}];
+          const tsMany = await stored(await task.using(options).enqueueMany(list));
+          const ids = (await sql.unsafe(
+            `select id::text from akadze.enqueue_many($1, $2::text::jsonb${named(all)})`,
+            [task.name, JSON.stringify(list), ...values(all)],
+          )).map((r) => r.id as string);
+          assertEquals(await stored(ids), tsMany, `several jobs: ${what}`);
+        }
+      }
     }
   });
 });

@@ -20,8 +20,10 @@ export const HISTORY_DDL: readonly string[] = [
         where j.id = o.id and j.run_count = o.run_count and j.state = v_running
           and j.cancel_requested_at is null
        returning j.*)
-     insert into akadze.history
-     select d.id, d.task, d.queue, d.priority, 'succeeded', d.args, d.meta, d.run_count,
+     insert into akadze.history (id, task, queue, priority, state, args, run_count, attempt,
+            max_attempts, snoozes, run_at, expires_at, unique_key, limit_key, worker_id,
+            cancel_requested_at, errors, result, created_at, started_at, finished_at)
+     select d.id, d.task, d.queue, d.priority, 'succeeded', d.args, d.run_count,
             d.attempt, d.max_attempts, d.snoozes, d.run_at, d.expires_at, d.unique_key,
             d.limit_key, null, d.cancel_requested_at, d.errors, null, d.created_at,
             d.started_at, now()

@@ -15,8 +15,9 @@ import {
   type TransactionSql,
 } from "../db.ts";
 import { AkadzeError, DuplicateJob } from "../errors.ts";
-import type { JobState } from "../job.ts";
-import { checkQueueName, isIntegerIn, JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
+import { ACTIVE_STATES, JOB_STATES, type JobState, stateList } from "../job.ts";
+import { type FieldsOf, fieldsOf, type Same, selectList } from "../job_columns.ts";
+import { checkQueueName, isIntegerIn, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
@@ -43,7 +44,7 @@ export async function requestCancel(
     session.unsafe(
       `with marked as (
          update ${s}.jobs set cancel_requested_at = coalesce(cancel_requested_at, now())
-          where id = $1::bigint and state in ('queued', 'running')
+          where id = $1::bigint and state in (${stateList(ACTIVE_STATES)})
          returning id, state)
        select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
       [id, cancelChannel(schema)],
@@ -179,9 +180,13 @@ const LIST_ORDERS = {
   newest: "j.id desc",
 } as const;
 
-const SUMMARY_COLUMNS = `id::text as id, task, queue, state, priority, attempt, max_attempts,
-  run_count, run_at, created_at, started_at, finished_at, worker_id, unique_key, limit_key,
-  expires_at, cancel_requested_at is not null as cancel_requested`;
+/** The select list of a {@linkcode JobSummary} (the `summary` read of job_columns.ts). */
+const SUMMARY_COLUMNS = selectList("summary");
+/** What a {@linkcode JobDetail} selects beyond the summary. */
+const DETAIL_COLUMNS = selectList("detail");
+
+/** `JobSummary` has the fields of the `summary` read (a compile error otherwise). */
+const _summaryMatches: Same<JobSummary, FieldsOf<"summary">> = true;
 
 /**
  * Job summaries (no arguments, result or errors), in the order the queue runs them
@@ -301,7 +306,7 @@ export async function requeueJobs(
     ranked as (
       select m.id, m.unique_key is not null and (
           exists (select 1 from ${s}.jobs a where a.unique_key = m.unique_key
-                   and a.state in ('queued', 'running'))
+                   and a.state in (${stateList(ACTIVE_STATES)}))
           or row_number() over (partition by m.unique_key order by m.id desc) > 1
         ) as held
         from matched m
@@ -362,7 +367,9 @@ export async function cancelJobs(
   const schema = filter.schema ?? "akadze";
   const s = quoteSchema(schema);
   const params = filterParams(filter);
-  const where = `${FILTER} and j.state in ('queued', 'running') and j.cancel_requested_at is null`;
+  const where = `${FILTER} and j.state in (${
+    stateList(ACTIVE_STATES)
+  }) and j.cancel_requested_at is null`;
   const [row] = await explainMissingSchema(
     schema,
     () =>
@@ -423,7 +430,7 @@ export async function getJob(
   const id = normalizeId(jobId);
   const [row] = await explainMissingSchema(schema, () =>
     sql.unsafe(
-      `select ${SUMMARY_COLUMNS}, snoozes, errors, args, result from ${s}.jobs where id = $1::bigint`,
+      `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id = $1::bigint`,
       [id],
     ));
   if (!row) return null;
@@ -443,23 +450,5 @@ export function normalizeId(jobId: string | number | bigint): string {
 }
 
 function toSummary(r: Record<string, unknown>): JobSummary {
-  return {
-    id: r.id as string,
-    task: r.task as string,
-    queue: r.queue as string,
-    state: r.state as JobState,
-    priority: r.priority as number,
-    attempt: r.attempt as number,
-    maxAttempts: r.max_attempts as number,
-    runCount: r.run_count as number,
-    runAt: r.run_at as Date,
-    createdAt: r.created_at as Date,
-    startedAt: r.started_at as Date | null,
-    finishedAt: r.finished_at as Date | null,
-    workerId: r.worker_id as string | null,
-    uniqueKey: r.unique_key as string | null,
-    limitKey: r.limit_key as string | null,
-    expiresAt: r.expires_at as Date | null,
-    cancelRequested: r.cancel_requested as boolean,
-  };
+  return fieldsOf("summary", r);
 }

@@ -7,8 +7,8 @@
  * @module
  */
 import { explainMissingSchema, jobsChannel, quoteSchema, type TransactionSql } from "../db.ts";
-import type { JobState } from "../job.ts";
-import { checkQueueName, JOB_STATES } from "../rules.ts";
+import { JOB_STATES, type JobState } from "../job.ts";
+import { checkQueueName } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**

@@ -15,8 +15,8 @@ import {
   requeue,
   requeueJobs,
 } from "../admin/jobs.ts";
-import type { JobState } from "../job.ts";
-import { JOB_STATES, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
+import { JOB_STATES, type JobState } from "../job.ts";
+import { LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { redact } from "../db.ts";
 import { runSecrets } from "../worker/error_entry.ts";
 import { integerFlag, UsageError } from "./common.ts";

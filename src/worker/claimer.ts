@@ -12,6 +12,14 @@
  */
 import { PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
+import { decodeClaimed } from "../job_columns.ts";
+import {
+  claimOrder,
+  claimReturning,
+  claimSet,
+  noLimitPredicate,
+  readyCondition,
+} from "./claim_rule.ts";
 import { type JobRow, transitionOneByOne } from "./job_row.ts";
 
 /** A claimed job: its row and its stored arguments. */
@@ -300,29 +308,9 @@ export class Claimer {
     return transitionOneByOne(this.#sql, this.#config.hooks, budget, statement);
   }
 
-  /** Claimed rows, read as arrays of {@linkcode CLAIM_RETURNING} (see there). */
+  /** Claimed rows, decoded by column name (job_columns.ts). */
   async #claimed(query: ReturnType<Sql["unsafe"]>): Promise<ClaimedJob[]> {
-    const rows = await query.values() as unknown as ClaimValues[];
-    const workerId = this.#config.workerId;
-    return rows.map((v) => ({
-      id: v[0],
-      task: v[1],
-      queue: v[2],
-      priority: v[3],
-      attempt: v[4],
-      run_count: v[5],
-      max_attempts: v[6],
-      snoozes: v[7],
-      run_at: msDate(v[8])!,
-      expires_at: msDate(v[9]),
-      unique_key: v[10],
-      limit_key: v[11],
-      created_at: msDate(v[12])!,
-      started_at: msDate(v[13]),
-      worker_id: workerId,
-      state: "running",
-      args: v[14],
-    }));
+    return decodeClaimed(await query, { worker_id: this.#config.workerId, state: "running" });
   }
 
   /**
@@ -341,18 +329,6 @@ export class Claimer {
 }
 
 /**
- * The conditions of a ready job (alias `c`) in queue `queue`. Pauses are checked per queue
- * by the callers, not per row: a per-row subplan raises the plan's cost estimate past
- * PostgreSQL's jit_above_cost, and JIT compiling every claim costs ~45 ms. The `claim_one`
- * function of migrations/0001_init.sql repeats these conditions: change both together.
- */
-function ready(queue: string): string {
-  return `c.state = 'queued' and c.queue = ${queue} and c.run_at <= now()
-    and c.cancel_requested_at is null
-    and (c.expires_at is null or c.expires_at > now())`;
-}
-
-/**
  * The best `limit` ready jobs of queue `queue` whose task is in `tasks` and id not in
  * `excluded`, with no limit key or one without a limits row, locked SKIP LOCKED (for a
  * lateral join).
@@ -365,12 +341,11 @@ function unlimitedReady(
   limit: string,
 ): string {
   return `select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
-     where ${ready(queue)}
+     where ${readyCondition(queue)}
        and c.task = any(${tasks}::text[])
        and c.id <> all(${excluded}::bigint[])
-       and (c.limit_key is null
-            or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))
-     order by c.priority desc, c.run_at, c.id
+       and ${noLimitPredicate(s)}
+     order by ${claimOrder("c")}
      limit ${limit}
      for update of c skip locked`;
 }
@@ -382,59 +357,21 @@ function openQueues(s: string, queues: string, slots: string): string {
 }
 
 /**
- * What a claim returns, as an array per row: the worker decodes every column of every
- * claimed job, so timestamps come as epoch milliseconds (a number, not text for a date
- * parser), and the state and worker id, known already, not at all. The `claim_one`
- * function of migrations/0001_init.sql returns the same columns in the same order.
- */
-const CLAIM_RETURNING = `j.id::text, j.task, j.queue, j.priority, j.attempt, j.run_count,
-  j.max_attempts, j.snoozes, date_part('epoch', j.run_at) * 1000,
-  date_part('epoch', j.expires_at) * 1000, j.unique_key, j.limit_key,
-  date_part('epoch', j.created_at) * 1000, date_part('epoch', j.started_at) * 1000, j.args`;
-
-type ClaimValues = [
-  string,
-  string,
-  string,
-  number,
-  number,
-  number,
-  number,
-  number,
-  number,
-  number | null,
-  string | null,
-  string | null,
-  number,
-  number | null,
-  unknown,
-];
-
-/**
- * A Date from epoch milliseconds with a microsecond fraction (float8), truncated to the
- * millisecond like a parsed timestamp; the half-microsecond nudge absorbs float error.
- */
-function msDate(ms: number | null): Date | null {
-  return ms === null ? null : new Date(Math.floor(ms + 0.0005));
-}
-
-/**
  * The claim's UPDATE of the rows that `candidates` locked. By ctid (a TID scan): the rows
  * are locked by this same statement, so their ctid cannot change under it, and a join
  * through the primary key costs a third of the claim.
  */
 function claimUpdate(s: string, workerId: string): string {
   return `update ${s}.jobs j
-       set state = 'running', run_count = j.run_count + 1, worker_id = ${workerId},
-           started_at = now()
+       set ${claimSet(workerId)}
      where j.ctid = any(array(select ctid from candidates))
-    returning ${CLAIM_RETURNING}`;
+    returning ${claimReturning()}`;
 }
 
 /**
  * Claim from one queue: $1 queue, $2 tasks, $3 how many, $4 excluded ids, $5 worker id.
  * The statement is the `claim_one` function of migrations/0001_init.sql (its plan cached
- * per connection); it returns the columns of {@linkcode CLAIM_RETURNING}.
+ * per connection); it returns the columns of `claimReturning` (claim_rule.ts).
  */
 function claimOneStatement(s: string): string {
   return `select * from ${s}.claim_one($1, $2, $3, $4, $5)`;
@@ -449,7 +386,7 @@ function claimStatement(s: string): string {
     with candidates as (
       select r.ctid from (
         select x.ctid, q.ord, q.n,
-               row_number() over (partition by q.ord order by x.priority desc, x.run_at, x.id) as rn
+               row_number() over (partition by q.ord order by ${claimOrder("x")}) as rn
           from ${openQueues(s, "$1", "$2")}
           cross join lateral (${unlimitedReady(s, "q.name", "$3", "$6", "$8")}) x
       ) r
@@ -504,14 +441,14 @@ function limitKeysStatement(s: string, lock: boolean): string {
           and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
                                    where not exists (select 1 from ${s}.queue_pauses p
                                                       where p.queue = u.name)))
-          and ${ready("c.queue")}
+          and ${readyCondition("c.queue")}
           and c.task = any($2::text[])
           and c.id <> all($4::bigint[])
-        order by c.priority desc, c.run_at, c.id
+        order by ${claimOrder("c")}
         limit 1) best
      where coalesce(l.max_running - coalesce(running.n, 0), ${never}) > 0
        and coalesce(l.max_starts - coalesce(starts.n, 0), ${never}) > 0
-     order by best.priority desc, best.run_at, best.id
+     order by ${claimOrder("best")}
      limit $3
      ${lock ? "for update of l skip locked" : ""}`;
 }
@@ -536,10 +473,10 @@ function limitedClaimStatement(s: string): string {
         select c.ctid, c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
          where c.limit_key = room.key
            and c.queue = any(array(select name from oq))
-           and ${ready("c.queue")}
+           and ${readyCondition("c.queue")}
            and c.task = any($4::text[])
            and c.id <> all($7::bigint[])
-         order by c.priority desc, c.run_at, c.id
+         order by ${claimOrder("c")}
          limit least(greatest(room.n, 0), $5)
          for update of c skip locked) x
     ),
@@ -550,8 +487,7 @@ function limitedClaimStatement(s: string): string {
     candidates as (
       select r.ctid from (
         select u.ctid, oq.ord, oq.n,
-               row_number() over (partition by oq.ord
-                                  order by u.priority desc, u.run_at, u.id) as rn
+               row_number() over (partition by oq.ord order by ${claimOrder("u")}) as rn
           from (select * from keyed union all select * from unkeyed) u
           join oq on oq.name = u.queue
       ) r
@@ -561,7 +497,7 @@ function limitedClaimStatement(s: string): string {
     ),
     claimed as (
       update ${s}.jobs j
-         set state = 'running', run_count = j.run_count + 1, worker_id = $8, started_at = now()
+         set ${claimSet("$8")}
        where j.ctid = any(array(select ctid from candidates))
       returning j.*
     ),
@@ -571,5 +507,5 @@ function limitedClaimStatement(s: string): string {
         join room on room.key = c.limit_key
        where room.max_starts is not null
     )
-    select ${CLAIM_RETURNING.replaceAll("j.", "claimed.")} from claimed`;
+    select ${claimReturning("claimed")} from claimed`;
 }

@@ -6,33 +6,21 @@
  */
 import type { Sql, TransactionSql } from "../db.ts";
 import type { JobInfo, JobState, OnTransitionHook } from "../job.ts";
+import { type FieldsOf, type RowOf, type Same, selectList } from "../job_columns.ts";
 
-/** The RETURNING list of every state-changing statement (table alias `j`). */
-export const JOB_RETURNING = `j.id::text as id, j.task, j.queue, j.priority, j.attempt,
-  j.run_count, j.max_attempts, j.snoozes, j.run_at, j.expires_at, j.unique_key, j.limit_key,
-  j.created_at, j.started_at, j.worker_id, j.state`;
+/**
+ * The RETURNING list of every state-changing statement (table alias `j`): the `row` read of
+ * job_columns.ts.
+ */
+export const JOB_RETURNING: string = selectList("row");
 
 /** A row of {@linkcode JOB_RETURNING}. */
-export interface JobRow {
-  id: string;
-  task: string;
-  queue: string;
-  priority: number;
-  attempt: number;
-  run_count: number;
-  max_attempts: number;
-  snoozes: number;
-  run_at: Date;
-  expires_at: Date | null;
-  unique_key: string | null;
-  limit_key: string | null;
-  created_at: Date;
-  started_at: Date | null;
-  worker_id: string | null;
-  state: JobState;
-}
+export type JobRow = RowOf<"row">;
 
-/** The application's view of a job row. */
+/**
+ * The application's view of a job row: the `info` read of job_columns.ts, written out (an
+ * object literal of one shape is cheaper than a loop over the columns, once per job run).
+ */
 export function toJobInfo(row: JobRow): JobInfo {
   return {
     id: row.id,
@@ -52,6 +40,9 @@ export function toJobInfo(row: JobRow): JobInfo {
     workerId: row.worker_id,
   };
 }
+
+/** `JobInfo` has the fields of the `info` read (a compile error otherwise). */
+const _infoMatches: Same<JobInfo, FieldsOf<"info">> = true;
 
 /** A transition statement over a subset of its work (one item in per-job mode). */
 export type TransitionStatement<T> = (

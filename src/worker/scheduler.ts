@@ -8,6 +8,7 @@
  */
 import type { Akadze } from "../app.ts";
 import { isTransientError, quoteSchema, type Sql } from "../db.ts";
+import { ACTIVE_STATES, stateList } from "../job.ts";
 import type { Schedule } from "../schedule.ts";
 import { logScheduleFailed, logScheduleFired, logScheduleSkipped } from "./log_events.ts";
 
@@ -67,7 +68,7 @@ export class Scheduler {
       claim: `insert into ${s}.periodic_runs (name, fire_at) values ($1, $2)
               on conflict do nothing returning name`,
       busy: `select 1 from ${s}.periodic_runs r join ${s}.jobs j on j.id = r.job_id
-              where r.name = $1 and j.state in ('queued', 'running') limit 1`,
+              where r.name = $1 and j.state in (${stateList(ACTIVE_STATES)}) limit 1`,
       link: `update ${s}.periodic_runs set job_id = $3 where name = $1 and fire_at = $2`,
       now: `select extract(epoch from now())::float8 * 1000 as now`,
     };

@@ -1,0 +1,108 @@
+// The SQL copies of a job's shape, read back from a migrated database and compared with the
+// TypeScript they repeat: the claim functions (claim rule and result columns, claim_rule.ts and
+// job_columns.ts), and the state lists of the constraints, partial indexes and SQL enqueue
+// (job.ts).
+import { quoteSchema } from "../src/db.ts";
+import { ACTIVE_STATES, JOB_STATES, stateList, TERMINAL_STATES } from "../src/job.ts";
+import { claimResultColumns, claimValues, columnsOf } from "../src/job_columns.ts";
+import {
+  claimOrder,
+  claimSet,
+  noLimitPredicate,
+  readyPredicates,
+} from "../src/worker/claim_rule.ts";
+import { assert, assertEquals } from "./assert.ts";
+import { withDatabase } from "./_helpers.ts";
+
+/** SQL text compared loosely: case, whitespace, spacing around parentheses and commas. */
+function normalize(sql: string): string {
+  return sql.toLowerCase().replaceAll("pg_catalog.", "").replace(/\s+/g, " ")
+    .replace(/\s*([(),])\s*/g, "$1").trim();
+}
+
+/** How many times `part` stands in `text`, both normalized. */
+function occurrences(text: string, part: string): number {
+  return normalize(text).split(normalize(part)).length - 1;
+}
+
+Deno.test("claim_one and claim_one_floor repeat the claim rule and return the claim columns, in order", async () => {
+  await withDatabase("job_columns_claim", async (_db, sql) => {
+    const s = quoteSchema("akadze");
+    const functions = await sql`
+      select p.proname as name, p.prosrc as body,
+             array(select a.name || ' ' || format_type(a.type, null)
+                     from unnest(p.proargnames, p.proallargtypes, p.proargmodes::text[])
+                          with ordinality as a(name, type, mode, i)
+                    where a.mode = 't' order by a.i) as result
+        from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze' and p.proname in ('claim_one', 'claim_one_floor')
+       order by p.proname`;
+    assertEquals(functions.map((f) => f.name), ["claim_one", "claim_one_floor"]);
+    for (const f of functions) {
+      const body = f.body as string;
+      assertEquals(f.result, claimResultColumns(), `${f.name}: its result columns`);
+      const returning = /returning (.*?);/.exec(normalize(body))?.[1];
+      assertEquals(returning, normalize(claimValues().join(", ")), `${f.name}: its RETURNING`);
+      // Every scan of the jobs for candidates has every condition of the rule.
+      const scans = occurrences(body, `from ${s}.jobs c`);
+      assert(scans >= 1, `${f.name} scans ${s}.jobs c`);
+      for (const predicate of [...readyPredicates("p_queue"), noLimitPredicate(s)]) {
+        assertEquals(occurrences(body, predicate), scans, `${f.name}: ${predicate}`);
+      }
+      assertEquals(occurrences(body, `set ${claimSet("p_worker")}`), 1, `${f.name}: its SET`);
+      assert(occurrences(body, `order by ${claimOrder("c")}`) >= 1, `${f.name}: its order`);
+    }
+    // claim_one_floor merges its scans in claim order.
+    assertEquals(occurrences(functions[1].body, `order by ${claimOrder("u")}`), 1);
+  });
+});
+
+Deno.test("the state constraints, the partial indexes and SQL enqueue list the states of job.ts", async () => {
+  await withDatabase("job_columns_states", async (_db, sql) => {
+    const literals = (text: string) => [...text.matchAll(/'([a-z_]+)'::text/g)].map((m) => m[1]);
+    const sorted = (states: readonly string[]) => [...states].sort();
+    const constraints = new Map(
+      (await sql`
+        select conname, pg_get_constraintdef(oid) as def from pg_constraint
+         where conrelid = 'akadze.jobs'::regclass and contype = 'c'`)
+        .map((r) => [r.conname as string, r.def as string]),
+    );
+    assertEquals(sorted(literals(constraints.get("jobs_state_check")!)), sorted(JOB_STATES));
+    assertEquals(
+      sorted(literals(constraints.get("jobs_finished_check")!)),
+      sorted(TERMINAL_STATES),
+    );
+    const predicates = new Map(
+      (await sql`
+        select c.relname, pg_get_expr(i.indpred, i.indrelid) as pred
+          from pg_index i join pg_class c on c.oid = i.indexrelid
+         where i.indrelid = 'akadze.jobs'::regclass and i.indpred is not null`)
+        .map((r) => [r.relname as string, r.pred as string]),
+    );
+    assertEquals(sorted(literals(predicates.get("jobs_unique_key_idx")!)), sorted(ACTIVE_STATES));
+    assertEquals(sorted(literals(predicates.get("jobs_finished_idx")!)), sorted(TERMINAL_STATES));
+    // SQL enqueue's ON CONFLICT names the unique index's states (TypeScript enqueue derives
+    // its own from ACTIVE_STATES).
+    const [{ body }] = await sql`
+      select p.prosrc as body from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze' and p.proname = 'enqueue_many'`;
+    assertEquals(occurrences(body, `where state in (${stateList(ACTIVE_STATES)})`), 1);
+  });
+});
+
+Deno.test("every read of job_columns.ts selects columns the jobs table has", async () => {
+  await withDatabase("job_columns_table", async (_db, sql) => {
+    const columns = new Set(
+      (await sql`
+        select attname from pg_attribute
+         where attrelid = 'akadze.jobs'::regclass and attnum > 0 and not attisdropped`)
+        .map((r) => r.attname as string),
+    );
+    for (const read of ["claim", "row", "info", "summary", "detail"] as const) {
+      for (const c of columnsOf(read)) {
+        if (c.sql) continue;
+        assert(columns.has(c.name), `${read} reads ${c.name}, which akadze.jobs does not have`);
+      }
+    }
+  });
+});
