@@ -104,14 +104,21 @@ export function knownVersions(): string[] {
 
 /**
  * Bring the schema up to date: creates it when missing and applies each pending version
- * once, all in one transaction under a transaction-scoped advisory lock, so concurrent
- * callers (several workers deploying at once) are safe. Returns the versions applied now
- * (empty when the schema was up to date).
+ * once, each in its own transaction under a transaction-scoped advisory lock, so
+ * concurrent callers (several workers deploying at once) are safe. It is meant to run
+ * while workers of the previous release work: a version waits at most `lockTimeout` for a
+ * lock (so enqueues and claims wait at most that long behind it), else it is rolled back
+ * and tried again for up to `retryFor`; indexes on the jobs table are built concurrently
+ * (see {@linkcode MIGRATIONS}). Versions applied before one that fails stay applied.
+ * Returns the versions applied now (empty when the schema was up to date).
  *
  * @example
  * ```ts ignore
  * import { migrate } from "@akadze/akadze";
- * const applied = await migrate(Deno.env.get("AKADZE_DATABASE_URL")!);
+ * const applied = await migrate(Deno.env.get("AKADZE_DATABASE_URL")!, {
+ *   lockTimeout: 500, // ms, the default
+ *   onRetry: (r) => console.error(`${r.version}: ${r.reason}; again in ${r.delay} ms`),
+ * });
  * console.log(applied.length ? applied : "schema up to date");
  * ```
  */
@@ -372,7 +379,9 @@ export interface MigrationSqlOptions {
  * and afterwards `akadze migrate`, the worker and `akadze health` see every version as
  * applied. After upgrading akadze, save the new release's script as a new migration.
  * Run it in one transaction (most tools do; psql: `--single-transaction`); run as separate
- * statements, each version still applies whole or not at all.
+ * statements, each version still applies whole or not at all. Unlike `migrate`, it builds
+ * indexes the plain way (no index is built concurrently in a transaction), which holds back
+ * writes to the table while it builds: run it while the queue is quiet.
  *
  * @example
  * ```ts
