@@ -4,7 +4,9 @@
 -- first (src/worker/claimer.ts). This index gives each key's queued jobs in claim order, so
 -- that is one short index scan per key, not a read and sort of every queued job of every
 -- key on every claim. It serves the lookups by limit_key alone too, so it replaces that
--- index. Building it scans the jobs table once and holds back writes to it meanwhile.
-CREATE INDEX jobs_queued_key_idx ON {{schema}}.jobs (limit_key, priority DESC, run_at, id)
+-- index. Built and dropped concurrently (outside a transaction, src/migrate.ts): the jobs
+-- table stays writable meanwhile, and each statement can run again after a failure.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_queued_key_idx
+  ON {{schema}}.jobs (limit_key, priority DESC, run_at, id)
   WHERE state = 'queued' AND limit_key IS NOT NULL;
-DROP INDEX {{schema}}.jobs_queued_limit_idx;
+DROP INDEX CONCURRENTLY IF EXISTS {{schema}}.jobs_queued_limit_idx;

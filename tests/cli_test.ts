@@ -44,14 +44,17 @@ Deno.test("akadze migrate --status lists versions as a table or --json, never li
       knownVersions().map((version) => ({ version, state: "pending", appliedAt: null })),
     );
     await runCli(["migrate"], env);
-    // One migrate, one transaction: every version has the same time.
-    const [{ at }] = await sql`select max(applied_at) as at from akadze.schema_migrations`;
+    // Each version is applied in its own transaction, at its own time.
+    const times = new Map(
+      (await sql`select version, applied_at from akadze.schema_migrations`)
+        .map((r) => [r.version as string, (r.applied_at as Date).toISOString()]),
+    );
     const applied = await runCli(["migrate", "--status"], env);
     assertEquals([applied.code, applied.stderr], [0, ""]);
     assertEquals(
       applied.stdout,
       "VERSION\tSTATE\tAPPLIED_AT\n" +
-        knownVersions().map((v) => `${v}\tapplied\t${at.toISOString()}\n`).join(""),
+        knownVersions().map((v) => `${v}\tapplied\t${times.get(v)}\n`).join(""),
     );
     assert(!/^applied /m.test(applied.stdout), "not the output of a real migration");
     const json = await runCli(["migrate", "--status", "--json"], env);
@@ -60,12 +63,17 @@ Deno.test("akadze migrate --status lists versions as a table or --json, never li
       knownVersions().map((version) => ({
         version,
         state: "applied",
-        appliedAt: at.toISOString(),
+        appliedAt: times.get(version),
       })),
     );
     const misuse = await runCli(["migrate", "--json"], env);
     assertEquals(misuse.code, 2);
     assertMatch(misuse.stderr, /^error: --json goes with --status\n$/);
+    const badTimeout = await runCli(["migrate", "--lock-timeout", "0"], env);
+    assertEquals(badTimeout.code, 2);
+    assertMatch(badTimeout.stderr, /--lock-timeout must be a positive number of seconds/);
+    const withStatus = await runCli(["migrate", "--status", "--retry-for", "5"], env);
+    assertEquals(withStatus.code, 2);
   }, { migrated: false });
 });
 

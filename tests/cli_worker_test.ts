@@ -2,6 +2,7 @@
 // PostgreSQL.
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import type { Sql } from "../src/db.ts";
+import { knownVersions } from "../src/migrate.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
 import { CLI, MOD, ROOT, spawnCli, spawnDeno as spawn, WORKER_PERMISSIONS } from "./_processes.ts";
 
@@ -228,6 +229,30 @@ Deno.test("a database without the schema: exit 1 with one line that says to migr
         );
       }
     }, { migrated: false });
+  });
+});
+
+Deno.test("rolling deploy: a worker runs on a schema a newer release migrated, refuses an older one", async () => {
+  await withAppModule(async (path) => {
+    await withDatabase("cli_worker_newer_schema", async (db, sql) => {
+      // A newer release's migrate recorded a version this release does not know.
+      await sql`insert into akadze.schema_migrations (version) values ('9999_newer_release')`;
+      const id = await insertJob(sql, "hello", { name: "newer" });
+      const out = await spawnCli(
+        ["worker", path, "--batch", "--poll-interval", "0.1"],
+        { AKADZE_DATABASE_URL: db.url },
+      ).done();
+      assertEquals(out.code, 0, out.stderr);
+      assertEquals((await jobState(sql, id)).state, "succeeded");
+      // A schema behind this release: the worker refuses, naming what is pending.
+      const [last] = knownVersions().slice(-1);
+      await sql`delete from akadze.schema_migrations where version = ${last}`;
+      const behind = await spawnCli(["worker", path, "--batch"], { AKADZE_DATABASE_URL: db.url })
+        .done();
+      assertEquals(behind.code, 1, behind.stderr);
+      assertMatch(behind.stderr, ONE_LINE_ERROR);
+      assert(behind.stderr.includes(`pending: ${last}): run akadze migrate`), behind.stderr);
+    });
   });
 });
 

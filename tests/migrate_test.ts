@@ -5,10 +5,12 @@ import {
   applyMigrations,
   knownVersions,
   migrate,
+  type MigrateRetry,
   MIGRATIONS,
   migrationSql,
   migrationStatus,
 } from "../src/migrate.ts";
+import postgres from "postgres";
 import type { Sql } from "../src/db.ts";
 import { quoteSchema } from "../src/db.ts";
 import { psql, withDatabase } from "./_helpers.ts";
@@ -198,7 +200,7 @@ Deno.test("a migration with $$ function bodies and many statements applies", asy
   }, { migrated: false });
 });
 
-Deno.test("a failing migration rolls back every version of the run", async () => {
+Deno.test("a failing version rolls back whole; the versions before it stay applied", async () => {
   await withDatabase("migrate_fail", async (_db, sql) => {
     const migrations = [
       { version: "0001_ok", sql: "create table {{schema}}.a (x int);" },
@@ -212,9 +214,122 @@ Deno.test("a failing migration rolls back every version of the run", async () =>
       MigrateError,
     );
     assert(String(error.message).includes("0002_bad"), error.message);
-    assertEquals(await appliedVersions(sql, { schema: "fail_test" }), []);
-    const [{ t }] = await sql`select to_regclass('fail_test.a') as t`;
-    assertEquals(t, null);
+    // Each version commits on its own, so that none holds its locks until the last is done.
+    assertEquals(await appliedVersions(sql, { schema: "fail_test" }), ["0001_ok"]);
+    const [{ a, b }] = await sql`
+      select to_regclass('fail_test.a')::text as a, to_regclass('fail_test.b')::text as b`;
+    assertEquals({ a, b }, { a: "fail_test.a", b: null });
+  }, { migrated: false });
+});
+
+Deno.test("a version that cannot get its lock in time is rolled back and tried again", async () => {
+  await withDatabase("migrate_lock_retry", async (db, sql) => {
+    await applyMigrations(sql, [{ version: "0001_t", sql: "create table {{schema}}.t (x int);" }], {
+      schema: "retry_test",
+    });
+    const holder = postgres(db.url, { max: 1, onnotice: () => {} });
+    try {
+      let release!: () => void;
+      const released = new Promise<void>((resolve) => release = resolve);
+      let locked!: () => void;
+      const isLocked = new Promise<void>((resolve) => locked = resolve);
+      const held = holder.begin(async (tx) => {
+        await tx`select count(*) from retry_test.t`;
+        locked();
+        await released;
+      });
+      await isLocked;
+      const retries: MigrateRetry[] = [];
+      const migrations = [
+        { version: "0001_t", sql: "create table {{schema}}.t (x int);" },
+        { version: "0002_alter", sql: "alter table {{schema}}.t add column y int;" },
+      ];
+      const migrating = applyMigrations(sql, migrations, {
+        schema: "retry_test",
+        lockTimeout: 50,
+        onRetry: (retry) => {
+          retries.push(retry);
+          if (retries.length === 2) release();
+        },
+      });
+      // Meanwhile the table stays writable: the version waits at most lockTimeout at a time.
+      await sql`insert into retry_test.t values (1)`;
+      assertEquals(await migrating, ["0002_alter"]);
+      await held;
+      assert(retries.length >= 2);
+      assertEquals(retries[0].version, "0002_alter");
+      assert(retries[0].reason.includes("lock timeout"), retries[0].reason);
+      assertEquals(await appliedVersions(sql, { schema: "retry_test" }), ["0001_t", "0002_alter"]);
+      // Past retryFor, migrate fails and says what to do.
+      const again = holder.begin(async (tx) => {
+        await tx`select count(*) from retry_test.t`;
+        await new Promise((resolve) => setTimeout(resolve, 1_500));
+      });
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const error = await assertRejects(
+        () =>
+          applyMigrations(sql, [
+            ...migrations,
+            { version: "0003_alter", sql: "alter table {{schema}}.t add column z int;" },
+          ], { schema: "retry_test", lockTimeout: 50, retryFor: 300 }),
+        MigrateError,
+      );
+      assert(error.message.includes("while applying 0003_alter"), error.message);
+      assert(error.message.includes("--retry-for"), error.message);
+      await again;
+    } finally {
+      await holder.end({ timeout: 1 });
+    }
+  }, { migrated: false });
+});
+
+Deno.test("every version runs in a transaction or holds concurrent index statements only", async () => {
+  // migrationSql reads every version as migrate does: it throws for a version that mixes
+  // concurrent index statements with others.
+  const script = migrationSql();
+  // The script runs in one transaction: there no index is built concurrently.
+  assert(!/\bconcurrently\b/i.test(script.replace(/^\s*--.*$/gm, "")));
+  const mixed = {
+    version: "0009_mixed",
+    sql: "CREATE INDEX CONCURRENTLY IF NOT EXISTS i ON {{schema}}.jobs (id);\n" +
+      "ALTER TABLE {{schema}}.jobs ADD COLUMN x int;",
+  };
+  // Refused before connecting (port 1 refuses connections).
+  const error = await assertRejects(
+    () => applyMigrations("postgres://u@127.0.0.1:1/db", [mixed]),
+    MigrateError,
+  );
+  assert(error.message.includes("0009_mixed") && error.message.includes("ALTER TABLE"));
+  const rerunnable = { version: "0009_index", sql: "CREATE INDEX CONCURRENTLY i ON t (id);" };
+  const plain = await assertRejects(
+    () => applyMigrations("postgres://u@127.0.0.1:1/db", [rerunnable]),
+    MigrateError,
+  );
+  assert(plain.message.includes("IF NOT EXISTS"), plain.message);
+});
+
+Deno.test("a concurrent index version drops what a failed build left, and records itself", async () => {
+  await withDatabase("migrate_concurrent", async (_db, sql) => {
+    await applyMigrations(sql, [{ version: "0001_t", sql: "create table {{schema}}.t (x int);" }], {
+      schema: "cic_test",
+    });
+    await sql`insert into cic_test.t select 1 from generate_series(1, 10)`;
+    // A failed concurrent build leaves its index behind, invalid.
+    await assertRejects(() => sql`create unique index concurrently t_x_idx on cic_test.t (x)`);
+    await sql`delete from cic_test.t`;
+    const migrations = [
+      { version: "0001_t", sql: "create table {{schema}}.t (x int);" },
+      {
+        version: "0002_idx",
+        sql: "-- a comment; with a semicolon\n" +
+          "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS t_x_idx ON {{schema}}.t (x);\n",
+      },
+    ];
+    assertEquals(await applyMigrations(sql, migrations, { schema: "cic_test" }), ["0002_idx"]);
+    const [{ valid }] = await sql`
+      select i.indisvalid as valid from pg_index i where i.indexrelid = 'cic_test.t_x_idx'::regclass`;
+    assertEquals(valid, true);
+    assertEquals(await applyMigrations(sql, migrations, { schema: "cic_test" }), []);
   }, { migrated: false });
 });
 

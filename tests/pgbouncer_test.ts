@@ -7,6 +7,7 @@ import type { Sql } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { countJobs, startWorker, waitFor, withDatabase, within, withLogs } from "./_helpers.ts";
 import { Listener } from "../src/worker/listener.ts";
+import { applyMigrations, knownVersions, migrate, MIGRATIONS } from "../src/migrate.ts";
 import { pgbouncerBinary, startPgBouncer, type ThrowawayPgBouncer } from "./_pgbouncer.ts";
 
 const ignore = pgbouncerBinary() === undefined;
@@ -165,4 +166,32 @@ Deno.test({
         await app.close();
       }
     }),
+});
+
+Deno.test({
+  name:
+    "akadze migrate through PgBouncer in transaction mode applies every version, the concurrent index build too",
+  ignore,
+  fn: () =>
+    withDatabase("pgb_migrate", async (db, sql) => {
+      const bouncer = await startPgBouncer(db.url, "transaction");
+      try {
+        const pooled = bouncer.url(db.url);
+        // From an empty database, and into a second schema from 0001 (the version before the
+        // concurrent index build), both through the pooler.
+        assertEquals(await migrate(pooled), knownVersions());
+        await applyMigrations(pooled, MIGRATIONS.slice(0, 1), { schema: "pooled" });
+        assertEquals(await migrate(pooled, { schema: "pooled" }), knownVersions().slice(1));
+        assertEquals(await migrate(pooled, { schema: "pooled" }), []);
+        const invalid = await sql`
+          select c.relname from pg_index i join pg_class c on c.oid = i.indexrelid
+           where not (i.indisvalid and i.indisready)`;
+        assertEquals(invalid.length, 0);
+        const [{ n }] = await sql`
+          select count(*)::int as n from pg_indexes where indexname = 'jobs_queued_key_idx'`;
+        assertEquals(n, 2);
+      } finally {
+        await bouncer.stop();
+      }
+    }, { migrated: false }),
 });
