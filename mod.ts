@@ -45,7 +45,14 @@
  *
  * @module
  */
-export { AkadzeError, DuplicateJob, EnqueueError, MigrateError } from "./src/errors.ts";
+export {
+  AkadzeError,
+  DuplicateJob,
+  EnqueueError,
+  JobNotFound,
+  JobWaitTimeout,
+  MigrateError,
+} from "./src/errors.ts";
 export {
   connect,
   type ConnectOptions,
@@ -146,5 +153,6 @@ export {
 } from "./src/admin/limits.ts";
 export { listWorkers, type WorkerSummary } from "./src/admin/workers.ts";
 export { pruneJobs, type PruneJobsOptions } from "./src/admin/prune.ts";
+export { WAIT_POLL_DEFAULT, type WaitOptions } from "./src/wait.ts";
 export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";
 export type { PeriodicOptions } from "./src/app.ts";

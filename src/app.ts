@@ -15,6 +15,8 @@ import { MAX_ARGS_BYTES } from "./rules.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
 import { closeLoopConnections } from "./loop_connection.ts";
+import type { JobDetail } from "./admin/jobs.ts";
+import { JobWaiters, type WaitOptions } from "./wait.ts";
 import {
   type AnyTask,
   type ArgsInput,
@@ -146,6 +148,7 @@ export class Akadze {
   #tasks = new Map<string, AnyTask>();
   #schedules = new Map<string, Schedule>();
   #owned: boolean;
+  #waiters: JobWaiters | null = null;
 
   /**
    * Create the app. Exactly one of `databaseUrl` and `sql` must be given.
@@ -373,6 +376,45 @@ export class Akadze {
   }
 
   /**
+   * Wait until a job is finished (`succeeded`, `failed` or `cancelled`) and return it as
+   * `getJob` does, with its `result` and `progress`. Woken by a notification when the job
+   * finishes, and polling every `pollInterval` (1 s) in case notifications do not arrive.
+   * After `timeout` ms it rejects with a `JobWaitTimeout` (the state the job is still in);
+   * an id that names no job rejects with a `JobNotFound`. All waits of an app share one
+   * LISTEN connection (opened by the first, ended by `close()`).
+   *
+   * @example
+   * ```ts ignore
+   * const id = await report.enqueue({ month: "2026-11" });
+   * const job = await app.waitForJob(id, { timeout: 30_000 });
+   * if (job.state === "succeeded") console.log(job.result);
+   * ```
+   */
+  async waitForJob(jobId: string, options: WaitOptions): Promise<JobDetail> {
+    const [job] = await this.#waitersOf().wait([jobId], options);
+    return job;
+  }
+
+  /**
+   * Wait until every job of `jobIds` is finished, as {@linkcode Akadze.waitForJob} does;
+   * the jobs in the order of `jobIds`. A `JobWaitTimeout` lists the jobs still unfinished.
+   *
+   * @example
+   * ```ts ignore
+   * const ids = await resize.enqueueMany(files.map((file) => ({ file })));
+   * const jobs = await app.waitForJobs(ids, { timeout: 60_000 });
+   * console.log(jobs.filter((j) => j.state !== "succeeded").length, "did not succeed");
+   * ```
+   */
+  async waitForJobs(jobIds: readonly string[], options: WaitOptions): Promise<JobDetail[]> {
+    return await this.#waitersOf().wait(jobIds, options);
+  }
+
+  #waitersOf(): JobWaiters {
+    return this.#waiters ??= new JobWaiters(this.sql, this.schema, this.listenUrl);
+  }
+
+  /**
    * Close the pool if the app owns it (an adopted `sql` is left open), and the connections
    * of its workers' loops that are still open.
    *
@@ -396,6 +438,8 @@ export class Akadze {
       })
     );
     try {
+      await this.#waiters?.close();
+      this.#waiters = null;
       await closeLoopConnections(this.sql);
       if (!this.#owned) return;
       await this.sql.end({ timeout: 5 });

@@ -25,6 +25,14 @@ export interface JobContext {
    * After it commits the handler's return value is ignored.
    */
   completeTx<T>(fn: (tx: TransactionSql) => Promise<T>): Promise<T>;
+  /**
+   * Report how far the run is: a finite number (a percentage, a count) or small JSON (at
+   * most 4 KiB), stored on the job for `getJob`, `akadze jobs show` and `app.waitForJob`'s
+   * `onProgress`. Writes are throttled (at most one a second; the latest value wins) and
+   * the last value is written before the outcome. A value that cannot be stored throws an
+   * `AkadzeError`; a failed write is logged and the run goes on.
+   */
+  progress(value: unknown): void;
 }
 
 // Shared through the global registry, so current() works when the application imports

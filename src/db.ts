@@ -213,6 +213,27 @@ export function cancelChannel(schema: string): string {
   return `${schema}_cancel`;
 }
 
+/**
+ * The NOTIFY channel on which an awaited job announces its terminal state or new progress
+ * (payload: the job id; the trigger of migrations/0007_await_progress.sql sends it).
+ */
+export function doneChannel(schema: string): string {
+  return `${schema}_done`;
+}
+
+/**
+ * One connection to `listenUrl` for LISTEN, named as the connections of `pool` are (the
+ * worker's listener and the app's waiters each open one).
+ */
+export function listenConnection(pool: Sql, listenUrl: string): Sql {
+  const options = pool.options as { connection?: { application_name?: unknown } };
+  const name = options.connection?.application_name;
+  return connect(listenUrl, {
+    max: 1,
+    applicationName: typeof name === "string" ? name : undefined,
+  });
+}
+
 /** undefined_table, undefined_function, invalid_schema_name. */
 const MISSING_OBJECT_SQLSTATES = new Set(["42P01", "42883", "3F000"]);
 

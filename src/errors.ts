@@ -92,6 +92,86 @@ export class DuplicateJob extends EnqueueError {}
 export class MigrateError extends AkadzeError {}
 
 /**
+ * `app.waitForJob` / `app.waitForJobs` gave up: the timeout passed before every job was
+ * finished. `unfinished` lists the jobs still not finished and the state each was last
+ * seen in; the jobs themselves are untouched (wait again, or read them with `getJob`).
+ *
+ * @example
+ * ```ts ignore
+ * import { JobWaitTimeout } from "@akadze/akadze";
+ *
+ * try {
+ *   await app.waitForJob(id, { timeout: 5_000 });
+ * } catch (error) {
+ *   if (!(error instanceof JobWaitTimeout)) throw error;
+ *   console.log(error.unfinished); // [{ id: "42", state: "running" }]
+ * }
+ * ```
+ */
+export class JobWaitTimeout extends AkadzeError {
+  /** The jobs not finished when the timeout passed, with the state each was last seen in. */
+  readonly unfinished: readonly { readonly id: string; readonly state: string }[];
+
+  /**
+   * Make the error for `unfinished` jobs after `timeout` ms (its message lists them).
+   *
+   * @example
+   * ```ts
+   * import { JobWaitTimeout } from "@akadze/akadze";
+   * new JobWaitTimeout([{ id: "42", state: "running" }], 5_000).message;
+   * // "job 42 did not finish within 5000 ms: it is still running"
+   * ```
+   */
+  constructor(unfinished: readonly { id: string; state: string }[], timeout: number) {
+    const shown = unfinished.slice(0, 10).map((j) => `${j.id} (${j.state})`).join(", ");
+    const more = unfinished.length > 10 ? `, and ${unfinished.length - 10} more` : "";
+    super(
+      unfinished.length === 1
+        ? `job ${unfinished[0].id} did not finish within ${timeout} ms: it is still ${
+          unfinished[0].state
+        }`
+        : `${unfinished.length} jobs did not finish within ${timeout} ms: ${shown}${more}`,
+    );
+    this.unfinished = unfinished;
+  }
+}
+
+/**
+ * A job that `app.waitForJob` / `app.waitForJobs` was asked for does not exist (a wrong
+ * id, or a finished job already deleted by retention or `pruneJobs`), or was deleted while
+ * it was awaited. `jobId` says which.
+ *
+ * @example
+ * ```ts ignore
+ * import { JobNotFound } from "@akadze/akadze";
+ *
+ * try {
+ *   await app.waitForJob("999999", { timeout: 5_000 });
+ * } catch (error) {
+ *   if (error instanceof JobNotFound) console.log(error.jobId); // "999999"
+ * }
+ * ```
+ */
+export class JobNotFound extends AkadzeError {
+  /** The id of the missing job. */
+  readonly jobId: string;
+
+  /**
+   * Make the error for `jobId`, with the message that says what happened.
+   *
+   * @example
+   * ```ts
+   * import { JobNotFound } from "@akadze/akadze";
+   * new JobNotFound("42", "job 42 does not exist").jobId; // "42"
+   * ```
+   */
+  constructor(jobId: string, message: string) {
+    super(message);
+    this.jobId = jobId;
+  }
+}
+
+/**
  * Brands the control exceptions so a worker recognises them even when the application
  * imports another copy of akadze (e.g. the app from JSR, the CLI from a checkout).
  */

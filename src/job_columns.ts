@@ -75,6 +75,7 @@ export const JOB_COLUMNS = [
   col("cancel_requested", "boolean", false, ["summary"], "j.cancel_requested_at is not null"),
   col("errors", "jsonb", false, ["detail"]),
   col("result", "jsonb", true, ["detail"]),
+  col("progress", "jsonb", true, ["detail"]),
 ] as const;
 
 type Columns = typeof JOB_COLUMNS;

@@ -10,6 +10,7 @@
  * @module
  */
 import { AkadzeError } from "./errors.ts";
+import { jsonProblem } from "./json.ts";
 
 /** The queue-name rule (also a CHECK constraint on jobs.queue). */
 export const QUEUE_NAME = /^[A-Za-z0-9_.:-]{1,64}$/;
@@ -60,6 +61,34 @@ export const LIST_JOBS_MAX = 1000;
 export const SLOTS_MAX = 10_000;
 /** The largest TCP port (a worker's metrics port). */
 export const PORT_MAX = 65_535;
+
+/** The largest progress a handler may report with `ctx.progress`: 4 KiB of JSON text (UTF-8). */
+export const MAX_PROGRESS_BYTES = 4096;
+
+/**
+ * The JSON text of `value` as a job's progress, or throw an `AkadzeError` saying why it
+ * cannot be one: a finite number, or a JSON value (object, array, string, boolean) of at
+ * most {@linkcode MAX_PROGRESS_BYTES} bytes; null and undefined are refused.
+ */
+export function progressText(value: unknown): string {
+  if (typeof value === "number" && !Number.isFinite(value)) {
+    throw new AkadzeError(`progress must be a finite number or small JSON, got ${value}`);
+  }
+  if (value === null || value === undefined) {
+    throw new AkadzeError(`progress must be a finite number or small JSON, got ${value}`);
+  }
+  const problem = jsonProblem(value, "progress");
+  if (problem) throw new AkadzeError(`progress cannot be stored: ${problem}`);
+  const text = JSON.stringify(value);
+  const bytes = new TextEncoder().encode(text).length;
+  if (bytes > MAX_PROGRESS_BYTES) {
+    throw new AkadzeError(
+      `progress must be at most ${MAX_PROGRESS_BYTES} bytes of JSON, got ${bytes}: report a ` +
+        "summary (a percentage, counts), not the data",
+    );
+  }
+  return text;
+}
 
 /** Whether `value` is an integer from `min` to `max`. */
 export function isIntegerIn(value: unknown, min: number, max: number): value is number {

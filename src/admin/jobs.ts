@@ -12,6 +12,7 @@ import {
   explainMissingSchema,
   jobsChannel,
   quoteSchema,
+  type Sql,
   type TransactionSql,
 } from "../db.ts";
 import { AkadzeError, DuplicateJob } from "../errors.ts";
@@ -397,6 +398,11 @@ export interface JobDetail extends JobSummary {
    * one `at …` frame per line; absent for errors without one, such as `WorkerLost`).
    */
   errors: { error: string; message: string; at: string; stack?: string }[];
+  /**
+   * The last progress its run reported with `ctx.progress` (a number or small JSON), or
+   * null. A retried job shows the previous run's until the new run reports.
+   */
+  progress: unknown;
   /** The arguments (only with `includeArgs`). */
   args?: Record<string, unknown>;
   /** The result (only with `includeResult`). */
@@ -428,16 +434,37 @@ export async function getJob(
 ): Promise<JobDetail | null> {
   const [sql, s, schema] = readTarget(db, options);
   const id = normalizeId(jobId);
-  const [row] = await explainMissingSchema(schema, () =>
-    sql.unsafe(
-      `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id = $1::bigint`,
-      [id],
-    ));
-  if (!row) return null;
-  const detail: JobDetail = { ...toSummary(row), snoozes: row.snoozes, errors: row.errors };
-  if (options.includeArgs) detail.args = row.args;
-  if (options.includeResult) detail.result = row.result;
-  return detail;
+  const jobs = await explainMissingSchema(schema, () => readJobDetails(sql, s, [id], options));
+  return jobs.get(id) ?? null;
+}
+
+/**
+ * The jobs of `ids` (normalized) that exist, by id, read from schema `s` (quoted) as
+ * {@linkcode getJob} returns them: {@linkcode getJob} and the app's waiters read through it.
+ */
+export async function readJobDetails(
+  sql: Sql,
+  s: string,
+  ids: readonly string[],
+  options: { includeArgs?: boolean; includeResult?: boolean } = {},
+): Promise<Map<string, JobDetail>> {
+  const rows = await sql.unsafe(
+    `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id = any($1::bigint[])`,
+    [ids as string[]],
+  );
+  const jobs = new Map<string, JobDetail>();
+  for (const row of rows) {
+    const detail: JobDetail = {
+      ...toSummary(row),
+      snoozes: row.snoozes,
+      errors: row.errors,
+      progress: row.progress,
+    };
+    if (options.includeArgs) detail.args = row.args;
+    if (options.includeResult) detail.result = row.result;
+    jobs.set(detail.id, detail);
+  }
+  return jobs;
 }
 
 /** A job id as the database takes it; `AkadzeError` for anything but a decimal id. */

@@ -97,15 +97,16 @@ values quoted in the errors show as ***.
 Options:
   --args          include the arguments
   --result        include the result
-  --json          a JSON object: the keys of jobs list --json plus snoozes, errors
-                  ([{error, message, at, stack}]; stack is absent when there is none),
+  --json          a JSON object: the keys of jobs list --json plus snoozes, progress,
+                  errors ([{error, message, at, stack}]; stack is absent when there is
+                  none),
                   and args / result when asked for
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
 Output: "key: value" lines (id, task, queue, state, priority, attempt, maxAttempts,
 runCount, runAt, createdAt, startedAt, finishedAt, workerId, uniqueKey, limitKey,
-expiresAt, cancelRequested, snoozes, errors: COUNT), then "error: AT NAME: MESSAGE" per
+expiresAt, cancelRequested, snoozes, progress: JSON, errors: COUNT), then "error: AT NAME: MESSAGE" per
 error, followed by its stack frames, one "  at ..." line each; then "args: JSON" and
 "result: JSON" when asked for. "-" stands for none; times are ISO 8601 in UTC.
 
@@ -328,6 +329,7 @@ async function showCommand(args: string[]): Promise<number> {
   printRecord([
     ...Object.entries(summaryJson(job)),
     ["snoozes", job.snoozes],
+    ["progress", job.progress === null ? null : safeJson(job.progress)],
     ["errors", job.errors.length],
   ]);
   for (const e of job.errors) {
@@ -346,6 +348,7 @@ function detailJson(job: JobDetail, args: boolean, result: boolean): Record<stri
   const out: Record<string, unknown> = {
     ...summaryJson(job),
     snoozes: job.snoozes,
+    progress: job.progress,
     errors: job.errors.map((e) => ({
       error: e.error,
       message: e.message,

@@ -290,14 +290,15 @@ export async function retryTransient<T>(
 
 /**
  * Delete succeeded runs' jobs (`retention: 0`), fenced like the UPDATE; a job with a cancel
- * request is left to the UPDATE, which ends it cancelled.
+ * request is left to the UPDATE, which ends it cancelled, and so is an awaited job (its
+ * waiters read the outcome; the next prune deletes it).
  */
 function deleteStatement(s: string): string {
   return `
     delete from ${s}.jobs j
      using unnest($1::bigint[], $2::int[]) as o(id, run_count)
      where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
-       and j.cancel_requested_at is null
+       and j.cancel_requested_at is null and not j.awaited
     returning j.id::text`;
 }
 

@@ -10,7 +10,7 @@ import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
 import { quoteSchema, type TransactionSql } from "../db.ts";
 import { AkadzeError, controlKind, Fail } from "../errors.ts";
-import { isDelay, MAX_DELAY } from "../rules.ts";
+import { isDelay, MAX_DELAY, progressText } from "../rules.ts";
 import type { JobInfo } from "../job.ts";
 import { jsonProblem } from "../json.ts";
 import { formatIssues } from "../standard_schema.ts";
@@ -20,6 +20,7 @@ import type { ClaimedJob } from "./claimer.ts";
 import type { Completer, Outcome } from "./completer.ts";
 import { errorEntry, MESSAGE_MAX, runSecrets, storableText } from "./error_entry.ts";
 import { runTransitionHooks, toJobInfo } from "./job_row.ts";
+import { ProgressReporter, progressStatement } from "./progress.ts";
 
 /** Why a run was interrupted from outside the handler. */
 export type Interrupt = "timeout" | "cancel" | "shutdown";
@@ -45,6 +46,7 @@ export class Executor {
   #completer: Completer;
   #secrets: string[];
   #lockJob: string;
+  #progress: string;
 
   /**
    * Make an executor; the pool's password (and each job's argument values) are redacted
@@ -58,6 +60,7 @@ export class Executor {
     this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
         coalesce(expires_at <= now(), false) as expired
       from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;
+    this.#progress = progressStatement(app.schema);
   }
 
   /**
@@ -72,6 +75,7 @@ export class Executor {
       job,
       timeout === undefined ? null : new Date(Date.now() + timeout),
       (run, fn) => this.#completeTx(run, fn),
+      () => new ProgressReporter(this.#app.sql, this.#progress, job),
     );
     // Settled once: by the handler, or by an interrupt, whichever is first.
     const startedAt = performance.now();
@@ -85,7 +89,10 @@ export class Executor {
       const durationMs = performance.now() - startedAt;
       // Only a failed run's outcome says how long it took (the log of its failure).
       if (outcome?.error) outcome.durationMs = Math.round(durationMs);
-      onOutcome(outcome, durationMs);
+      // The last progress is written before the outcome (only runs that reported wait).
+      const progress = ctx.finishProgress();
+      if (progress === null) return onOutcome(outcome, durationMs);
+      progress.then(() => onOutcome(outcome, durationMs));
     };
     const interrupt = (reason: Interrupt) => {
       if (finished) return;
@@ -261,6 +268,7 @@ export class Executor {
         if (row.cancelled) throw new AkadzeError(`job ${job.id} was cancelled`);
         if (row.expired) throw new AkadzeError(`job ${job.id} has expired`);
         const value = await fn(tx);
+        await state.writeProgressIn(tx);
         const written = await this.#completer.writeIn(tx, {
           id: job.id,
           runCount: job.runCount,
@@ -326,15 +334,35 @@ class RunContext implements JobContext {
   #controller: AbortController | null = null;
   #reason: Error | null = null;
   #completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>;
+  #makeReporter: () => ProgressReporter;
+  #reporter: ProgressReporter | null = null;
 
   constructor(
     job: JobInfo,
     deadline: Date | null,
     completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>,
+    makeReporter: () => ProgressReporter,
   ) {
     this.job = job;
     this.deadline = deadline;
     this.#completeTx = completeTx;
+    this.#makeReporter = makeReporter;
+  }
+
+  progress(value: unknown): void {
+    const text = progressText(value);
+    // Made on first use: most runs never report progress.
+    (this.#reporter ??= this.#makeReporter()).report(text);
+  }
+
+  /** The run ended: see {@linkcode ProgressReporter.finish} (null when it never reported). */
+  finishProgress(): Promise<void> | null {
+    return this.#reporter?.finish() ?? null;
+  }
+
+  /** In `completeTx`: write the latest progress in its transaction. */
+  async writeProgressIn(tx: TransactionSql): Promise<void> {
+    await this.#reporter?.writeIn(tx);
   }
 
   get signal(): AbortSignal {

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { cancelChannel, connect, isTransientError, jobsChannel, type Sql } from "../db.ts";
+import { cancelChannel, isTransientError, jobsChannel, listenConnection, type Sql } from "../db.ts";
 import {
   logListenFailed,
   logListenProbed,
@@ -73,7 +73,7 @@ export class Listener {
    * its connection is made now (connect's errors are thrown).
    */
   constructor(sql: Sql, config: ListenerConfig) {
-    this.#own = config.listenUrl === undefined ? null : openListenConnection(sql, config.listenUrl);
+    this.#own = config.listenUrl === undefined ? null : listenConnection(sql, config.listenUrl);
     this.#sql = this.#own ?? sql;
     this.#config = config;
     this.#queues = new Set(config.queues);
@@ -197,14 +197,4 @@ export class Listener {
     const unlisten = this.#unlisten.splice(0);
     await settleWithin(Promise.all(unlisten.map((fn) => fn().catch(() => {}))), timeoutMs);
   }
-}
-
-/** One connection to `listenUrl`, named as the pool's connections are. */
-function openListenConnection(pool: Sql, listenUrl: string): Sql {
-  const options = pool.options as { connection?: { application_name?: unknown } };
-  const name = options.connection?.application_name;
-  return connect(listenUrl, {
-    max: 1,
-    applicationName: typeof name === "string" ? name : undefined,
-  });
 }

@@ -221,6 +221,15 @@ export function logOutcomeWriteFailed(outcome: Outcome, error: unknown): void {
   });
 }
 
+/** `progress_write_failed`: a run's progress could not be written (the run goes on). */
+export function logProgressWriteFailed(jobId: string, error: unknown): void {
+  log.warn("could not write the progress of job {jobId}: {message}", {
+    event: "progress_write_failed",
+    jobId,
+    message: describeError(error),
+  });
+}
+
 /** `outcome_discarded`: the run no longer owns the job. */
 export function logOutcomeDiscarded(outcome: Outcome): void {
   log.warn("outcome of job {jobId} discarded: the run no longer owns the job", {
