@@ -456,7 +456,13 @@ Deno.test("jobs show: errors always, args and result only when asked; unknown id
       (await runCli(["jobs", "show", "--json", "--args", "--result", id], env)).stdout,
     );
     assertEquals([withArgs.args, withArgs.result], [{ to: "secret@example" }, { partial: true }]);
-    assertEquals(Object.keys(withArgs).slice(-4), ["snoozes", "errors", "args", "result"]);
+    assertEquals(Object.keys(withArgs).slice(-5), [
+      "snoozes",
+      "progress",
+      "errors",
+      "args",
+      "result",
+    ]);
 
     const missing = await runCli(["jobs", "show", "999999"], env);
     assertOneLineError(missing, 1, /^error: job 999999 not found\n$/);
