@@ -8,6 +8,7 @@ import init from "../migrations/0001_init.sql" with { type: "text" };
 import limitKeyOrder from "../migrations/0002_limit_key_order.sql" with { type: "text" };
 import sqlEnqueue from "../migrations/0003_sql_enqueue.sql" with { type: "text" };
 import claimFloor from "../migrations/0004_claim_floor.sql" with { type: "text" };
+import searchPath from "../migrations/0005_search_path.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -30,6 +31,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0002_limit_key_order", sql: limitKeyOrder },
   { version: "0003_sql_enqueue", sql: sqlEnqueue },
   { version: "0004_claim_floor", sql: claimFloor },
+  { version: "0005_search_path", sql: searchPath },
 ];
 
 /** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */
