@@ -8,6 +8,7 @@ import init from "../migrations/0001_init.sql" with { type: "text" };
 import limitKeyOrder from "../migrations/0002_limit_key_order.sql" with { type: "text" };
 import sqlEnqueue from "../migrations/0003_sql_enqueue.sql" with { type: "text" };
 import claimFloor from "../migrations/0004_claim_floor.sql" with { type: "text" };
+import searchPath from "../migrations/0005_search_path.sql" with { type: "text" };
 import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "text" };
 import {
   connect,
@@ -45,6 +46,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0002_limit_key_order", sql: limitKeyOrder },
   { version: "0003_sql_enqueue", sql: sqlEnqueue },
   { version: "0004_claim_floor", sql: claimFloor },
+  { version: "0005_search_path", sql: searchPath },
   { version: "0007_await_progress", sql: awaitProgress },
 ];
 
