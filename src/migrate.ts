@@ -9,6 +9,7 @@ import limitKeyOrder from "../migrations/0002_limit_key_order.sql" with { type: 
 import sqlEnqueue from "../migrations/0003_sql_enqueue.sql" with { type: "text" };
 import claimFloor from "../migrations/0004_claim_floor.sql" with { type: "text" };
 import searchPath from "../migrations/0005_search_path.sql" with { type: "text" };
+import sqlArgsSize from "../migrations/0006_sql_args_size.sql" with { type: "text" };
 import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "text" };
 import {
   connect,
@@ -47,6 +48,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0003_sql_enqueue", sql: sqlEnqueue },
   { version: "0004_claim_floor", sql: claimFloor },
   { version: "0005_search_path", sql: searchPath },
+  { version: "0006_sql_args_size", sql: sqlArgsSize },
   { version: "0007_await_progress", sql: awaitProgress },
 ];
 

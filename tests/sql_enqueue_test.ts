@@ -460,3 +460,31 @@ Deno.test("TypeScript and SQL enqueue store identical rows for the same inputs, 
     }
   });
 });
+
+Deno.test("SQL enqueue refuses arguments over akadze.max_args_bytes, as TypeScript enqueue does", async () => {
+  await withApp("sql_args_size", async (_app, sql) => {
+    const big = JSON.stringify({ blob: "x".repeat(1_100_000) });
+    const refused = await sql`select akadze.enqueue('t', ${big}::text::jsonb)`.then(
+      () => null,
+      (e) => e,
+    );
+    assertEquals(refused?.code, "54000");
+    assertMatch(refused.message, /arguments for job 1 of this batch of task "t" are \d+ bytes/);
+    assertMatch(refused.message, /akadze\.max_args_bytes/);
+    assert(!refused.message.includes("xxxx"), "no argument value in the error");
+    const batch = JSON.stringify([{ a: 1 }, JSON.parse(big)]);
+    const many = await sql`select * from akadze.enqueue_many('t', ${batch}::text::jsonb)`.then(
+      () => null,
+      (e) => e,
+    );
+    assertMatch(String(many?.message), /job 2 of this batch/, String(many));
+    assertEquals((await sql`select count(*)::int as n from akadze.jobs`)[0].n, 0);
+    // The setting raises the limit, for this transaction here.
+    const id = await sql.begin(async (tx) => {
+      await tx`select set_config('akadze.max_args_bytes', '4194304', true)`;
+      const [row] = await tx`select akadze.enqueue('t', ${big}::text::jsonb) as id`;
+      return row.id;
+    });
+    assert(id, "enqueued under the raised limit");
+  });
+});
