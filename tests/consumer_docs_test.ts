@@ -501,6 +501,7 @@ const PAGES: Page[] = [
   { file: "docs/schedules.md", start: "after getting started", ignored: {} },
   { file: "docs/limits.md", start: "after getting started", ignored: {} },
   { file: "docs/testing.md", start: "after getting started", ignored: {} },
+  { file: "docs/awaiting.md", start: "after getting started", ignored: {} },
   { file: "docs/metrics.md", start: "after getting started", ignored: {} },
   {
     file: "docs/operating.md",
