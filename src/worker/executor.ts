@@ -20,6 +20,7 @@ import type { ClaimedJob } from "./claimer.ts";
 import type { Completer, Outcome } from "./completer.ts";
 import { errorEntry, MESSAGE_MAX, runSecrets, storableText } from "./error_entry.ts";
 import { runTransitionHooks, toJobInfo } from "./job_row.ts";
+import { LOOP_BLOCK_WARN_DEFAULT, type RunRef } from "./loop_blocks.ts";
 import { ProgressReporter, progressStatement } from "./progress.ts";
 
 /** Why a run was interrupted from outside the handler. */
@@ -40,10 +41,20 @@ export interface Execution {
  */
 export type OnOutcome = (outcome: Outcome | null, durationMs: number) => void;
 
+/** Options of an {@linkcode Executor}. */
+export interface ExecutorOptions {
+  /** Report a synchronous part of a handler call that took `blockWarn` ms or longer. */
+  onBlocked?: (job: RunRef, ms: number) => void;
+  /** From how long (ms) a synchronous part is reported. Default {@linkcode LOOP_BLOCK_WARN_DEFAULT}. */
+  blockWarn?: number;
+}
+
 /** Runs jobs of one app. */
 export class Executor {
   #app: Akadze;
   #completer: Completer;
+  #onBlocked: ((job: RunRef, ms: number) => void) | null;
+  #blockWarn: number;
   #secrets: string[];
   #lockJob: string;
   #progress: string;
@@ -52,9 +63,11 @@ export class Executor {
    * Make an executor; the pool's password (and each job's argument values) are redacted
    * from stored error messages.
    */
-  constructor(app: Akadze, completer: Completer) {
+  constructor(app: Akadze, completer: Completer, options: ExecutorOptions = {}) {
     this.#app = app;
     this.#completer = completer;
+    this.#onBlocked = options.onBlocked ?? null;
+    this.#blockWarn = options.blockWarn ?? LOOP_BLOCK_WARN_DEFAULT;
     const password = (app.sql.options as { pass?: unknown }).pass;
     this.#secrets = typeof password === "string" && password ? [password] : [];
     this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
@@ -104,9 +117,12 @@ export class Executor {
     try {
       value = runWithContext(ctx, () => this.#run(task, row, job, ctx));
     } catch (error) {
+      this.#checkBlock(row, startedAt);
       finish({ ok: false, error });
       return { job, interrupt };
     }
+    // Before the outcome is queued: a block past the lease is known when it is written.
+    this.#checkBlock(row, startedAt);
     if (isThenable(value)) {
       Promise.resolve(value).then(
         (value) => finish({ ok: true, value }),
@@ -116,6 +132,14 @@ export class Executor {
       finish({ ok: true, value });
     }
     return { job, interrupt };
+  }
+
+  /** Report the synchronous part of a handler call when it held the loop too long. */
+  #checkBlock(row: ClaimedJob, startedAt: number): void {
+    const ms = performance.now() - startedAt;
+    if (ms >= this.#blockWarn && this.#onBlocked) {
+      this.#onBlocked({ id: row.id, runCount: row.run_count, task: row.task }, ms);
+    }
   }
 
   /**

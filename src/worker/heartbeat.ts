@@ -261,18 +261,26 @@ export class Heartbeat {
   /**
    * A backstop for a loop stuck in a statement that never returns (a network partition):
    * `stalled` resolves once no beat succeeded for heartbeatTtl + heartbeatInterval, until
-   * `stop()`.
+   * `stop()`. A tick that comes late by more than heartbeatInterval means the event loop
+   * itself was held (a handler computing): the time counts from then, so the loop gets its
+   * chance to beat and to write what ran during the block.
    */
   watch(): { stalled: Promise<void>; stop(): void } {
     const { heartbeatInterval, heartbeatTtl } = this.#config;
+    const tick = Math.min(1_000, heartbeatInterval);
     let timer: ReturnType<typeof setInterval> | undefined;
+    let tickAt = performance.now();
+    let resumedAt = -Infinity;
     const stalled = new Promise<void>((resolve) => {
       timer = setInterval(() => {
+        const now = performance.now();
+        if (now - tickAt > tick + heartbeatInterval) resumedAt = now;
+        tickAt = now;
         const last = this.lastSuccess;
-        if (last !== null && performance.now() - last > heartbeatTtl + heartbeatInterval) {
+        if (last !== null && now - Math.max(last, resumedAt) > heartbeatTtl + heartbeatInterval) {
           resolve();
         }
-      }, Math.min(1_000, heartbeatInterval));
+      }, tick);
     });
     return { stalled, stop: () => clearInterval(timer) };
   }

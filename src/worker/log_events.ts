@@ -11,6 +11,7 @@ import { logger } from "../log.ts";
 import type { Outcome } from "./completer.ts";
 import type { WrittenRow } from "./completer.ts";
 import type { JobRow } from "./job_row.ts";
+import type { LoopBlock } from "./loop_blocks.ts";
 import type { Stray } from "./process_guard.ts";
 
 const log = logger("worker");
@@ -138,6 +139,53 @@ export function logRescued(row: JobRow): void {
     attempt: row.attempt,
     state: row.state,
   });
+}
+
+/**
+ * `loop_blocked` (warning): a handler held the worker's event loop (no beat, no other run,
+ * no write meanwhile); `lease` says whether that was long enough for other workers to
+ * rescue this worker's jobs.
+ */
+export function logLoopBlocked(block: LoopBlock, heartbeatTtl: number): void {
+  const { culprit, ms } = block;
+  const seconds = blockSeconds(ms);
+  const lease = ms >= heartbeatTtl;
+  const tail = lease
+    ? "longer than heartbeatTtl: other workers may have rescued its jobs; run CPU-bound work outside the worker's loop"
+    : "no heartbeat, run or write could happen meanwhile";
+  const props = {
+    event: "loop_blocked",
+    blockedMs: Math.round(ms),
+    seconds,
+    heartbeatTtl,
+    lease,
+    running: block.bystanders.length + (culprit ? 1 : 0),
+  };
+  if (culprit) {
+    log.warn(`job {jobId} ({task}) blocked the event loop for {seconds} s: ${tail}`, {
+      ...props,
+      jobId: culprit.id,
+      task: culprit.task,
+    });
+  } else {
+    log.warn(`the event loop was blocked for {seconds} s while {running} jobs ran: ${tail}`, {
+      ...props,
+      jobIds: block.bystanders.map((job) => job.id).join(","),
+    });
+  }
+}
+
+/** `block_charge_failed`: what a loop block cost could not be written down (left as rescued). */
+export function logBlockChargeFailed(error: unknown): void {
+  log.warn("could not record what the blocked event loop cost its jobs: {message}", {
+    event: "block_charge_failed",
+    message: describeError(error),
+  });
+}
+
+/** A block's length in seconds, as the log and the stored errors say it (one decimal). */
+export function blockSeconds(ms: number): number {
+  return Math.round(ms / 100) / 10;
 }
 
 /** `orphan_released`: a job the database says this worker runs, but it does not. */

@@ -9,7 +9,8 @@ import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
 import { checkInteger } from "./config.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
-import { logRescued } from "./log_events.ts";
+import { blockSeconds, logRescued } from "./log_events.ts";
+import type { LoopBlock } from "./loop_blocks.ts";
 import { HEARTBEAT_INTERVAL_DEFAULT } from "./heartbeat.ts";
 import { Periodic } from "./periodic.ts";
 
@@ -56,6 +57,7 @@ export class Rescuer extends Periodic<RescueResult> {
   #find: { stale: string; full: string };
   #rescue: { stale: string; full: string };
   #removeStale: string;
+  #chargeBlock: string;
   #fullEvery: number;
   #fullAt = -Infinity;
 
@@ -96,12 +98,42 @@ export class Rescuer extends Periodic<RescueResult> {
                                 = 'queued'
                            then null else now() end,
         worker_id = null,
+        -- Worded as rescueMessage() says: chargeBlock finds the entry by it.
         errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
           'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run'))
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}`;
     this.#find = { stale: find(stale), full: find(full) };
     this.#rescue = { stale: rescue(stale), full: rescue(full) };
+    // The last rescue entry naming this worker, on a job whose run no longer owns it, is
+    // re-worded (matched by value: a write meanwhile may shift the list); a bystander's
+    // attempt is given back unless the rescue failed the job.
+    this.#chargeBlock = `
+      with o as (
+        select * from unnest($2::bigint[], $3::integer[], $4::text[]::boolean[])
+          as o(id, run_count, culprit)),
+      hit as (
+        select j.id, o.culprit,
+               (select t.e from jsonb_array_elements(j.errors) with ordinality t(e, i)
+                 where t.e->>'error' = 'WorkerLost' and t.e->>'message' = $5
+                 order by t.i desc limit 1) as entry
+          from ${s}.jobs j join o on j.id = o.id
+         where j.run_count > o.run_count or j.state <> 'running'
+            or j.worker_id is distinct from $1)
+      update ${s}.jobs j set
+        errors = (select jsonb_agg(case when t.e = hit.entry
+                                        then jsonb_build_object(
+                                               'error', case when hit.culprit
+                                                             then 'LoopBlocked'
+                                                             else 'WorkerLost' end,
+                                               'message', case when hit.culprit then $6 else $7 end,
+                                               'at', t.e->'at')
+                                        else t.e end order by t.i)
+                    from jsonb_array_elements(j.errors) with ordinality t(e, i)),
+        attempt = case when hit.culprit or j.state = 'failed' then j.attempt
+                       else greatest(j.attempt - 1, 0) end
+      from hit where j.id = hit.id and hit.entry is not null
+      returning j.id::text as id, hit.culprit`;
     this.#removeStale = `
       delete from ${s}.workers w
        where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'
@@ -140,6 +172,37 @@ export class Rescuer extends Periodic<RescueResult> {
     };
   }
 
+  /**
+   * After a block of worker `workerId`'s event loop long enough to cost its lease: the
+   * rescues of its jobs meanwhile are charged truthfully. The blocking job keeps its spent
+   * attempt with a `LoopBlocked` error naming the block and its length; the jobs that were
+   * merely in the worker get that attempt back. Returns how many of each were re-worded.
+   */
+  async chargeBlock(
+    workerId: string,
+    block: LoopBlock,
+  ): Promise<{ charged: number; refunded: number }> {
+    const runs = [...(block.culprit ? [block.culprit] : []), ...block.bystanders];
+    if (runs.length === 0) return { charged: 0, refunded: 0 };
+    const seconds = blockSeconds(block.ms);
+    const culpritText = block.culprit ? `job ${block.culprit.id}` : "a job";
+    const rows = await this.#sql.unsafe(this.#chargeBlock, [
+      workerId,
+      runs.map((r) => r.id),
+      runs.map((r) => r.runCount),
+      // As text: postgres.js sends a JS array of booleans as one boolean.
+      runs.map((r) => String(r === block.culprit || block.culprit === null)),
+      rescueMessage(workerId),
+      `the run blocked the event loop of worker ${workerId} for ${seconds} s, past its ` +
+      "heartbeat lease, so the job was rescued as from a dead worker; run CPU-bound work " +
+      "outside the worker's loop",
+      `worker ${workerId} stopped heartbeating during the run: ${culpritText} blocked its ` +
+      `event loop for ${seconds} s; this attempt is not counted`,
+    ]);
+    const charged = rows.filter((r) => r.culprit).length;
+    return { charged, refunded: rows.length - charged };
+  }
+
   async #statement(
     tx: Sql | TransactionSql,
     kind: "stale" | "full",
@@ -147,4 +210,9 @@ export class Rescuer extends Periodic<RescueResult> {
   ): Promise<JobRow[]> {
     return await tx.unsafe(this.#rescue[kind], [ids as string[] | null]) as unknown as JobRow[];
   }
+}
+
+/** The stored error message of a rescue from worker `workerId` (as the rescue writes it). */
+function rescueMessage(workerId: string): string {
+  return `worker ${workerId} stopped heartbeating during the run`;
 }

@@ -10,6 +10,7 @@ import type { BatchCompleter } from "./batch_completer.ts";
 import type { ClaimedJob, ClaimRequest } from "./claimer.ts";
 import type { Execution, Executor, Interrupt } from "./executor.ts";
 import { logCancelRequested } from "./log_events.ts";
+import type { RunRef } from "./loop_blocks.ts";
 import type { WorkerMetrics } from "./worker_metrics.ts";
 
 /** Settings of {@linkcode Slots}: the worker's `queues`, `slots` and `fair`, and its parts. */
@@ -36,6 +37,10 @@ interface Running {
   execution: Execution | null;
   /** Its queue. */
   queue: string;
+  /** Its task. */
+  task: string;
+  /** Its claim's run_count. */
+  runCount: number;
 }
 
 /** Counts the runs of one worker. */
@@ -65,9 +70,19 @@ export class Slots {
     return this.#runs.keys();
   }
 
+  /** The running jobs by their claim (for the bystanders of a loop block). */
+  runs(): RunRef[] {
+    return [...this.#runs].map(([id, run]) => ({ id, runCount: run.runCount, task: run.task }));
+  }
+
   /** Take a slot for a claimed job and start its run. */
   start(row: ClaimedJob): void {
-    const run: Running = { execution: null, queue: row.queue };
+    const run: Running = {
+      execution: null,
+      queue: row.queue,
+      task: row.task,
+      runCount: row.run_count,
+    };
     this.#runs.set(row.id, run);
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
     // The outcome may come before start() returns (a synchronous handler).

@@ -15,12 +15,13 @@ import { AkadzeError } from "../errors.ts";
 import { LoopConnection } from "../loop_connection.ts";
 import { BatchCompleter } from "./batch_completer.ts";
 import { Canceller } from "./canceller.ts";
-import { Claimer } from "./claimer.ts";
+import { type ClaimedJob, Claimer } from "./claimer.ts";
 import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./config.ts";
 import { Executor } from "./executor.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
 import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
+import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
@@ -69,6 +70,9 @@ export class Worker {
   #canceller: Canceller;
   #completer: BatchCompleter;
   #slots: Slots;
+  #blocks: LoopBlocks;
+  /** The claim being started (a block in one of its runs holds up the rest). */
+  #starting: readonly ClaimedJob[] = [];
   #wake = new Wake();
   #claims = 0;
   #offset = 0;
@@ -127,9 +131,24 @@ export class Worker {
         if (this.#slots.writeRoom() === 1 || config.batch) this.#wake.up();
       },
     });
+    this.#blocks = new LoopBlocks({
+      ...config,
+      jobs: () => {
+        const runs = this.#slots.runs();
+        const ids = new Set(runs.map((r) => r.id));
+        for (const row of this.#starting) {
+          if (!ids.has(row.id)) runs.push({ id: row.id, runCount: row.run_count, task: row.task });
+        }
+        return runs;
+      },
+    });
+    const executor = new Executor(app, this.#completer.writer, {
+      blockWarn: this.#blocks.warnAfter,
+      onBlocked: (job, ms) => this.#blocks.report(job, ms),
+    });
     this.#slots = new Slots({
       ...config,
-      executor: new Executor(app, this.#completer.writer),
+      executor,
       completer: this.#completer,
       metrics: this.metrics,
       // A freed slot matters to a full queue, to batch mode and to a drain waiting for it.
@@ -236,6 +255,7 @@ export class Worker {
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
     const watch = this.#heartbeat.watch();
+    this.#blocks.start();
     const stalled = watch.stalled.then((): WorkerExit => {
       this.#stopRequested = true;
       this.#loopLeft = true;
@@ -255,6 +275,7 @@ export class Worker {
       ended = true;
     } finally {
       watch.stop();
+      this.#blocks.stop();
       options.signal?.removeEventListener("abort", onAbort);
       await Promise.all([
         pruned ?? this.#pruner.settle(RELEASE_TIMEOUT),
@@ -343,6 +364,10 @@ export class Worker {
     if (lease.kind === "lost") return { code: 1, reason: "heartbeat_lost", message: lease.message };
     if (lease.kind === "failed") return null;
     for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
+    // After a beat: no worker rescues this one's jobs any more, so what a block cost is known.
+    for (const block of this.#blocks.take()) {
+      await this.#rescuer.chargeBlock(this.id, block).catch(log.logBlockChargeFailed);
+    }
     // Every job running under this id, on a beat that looked for orphans (heartbeat.ts).
     this.#completer.release(lease.beat.running?.filter((r) => !known.has(r.id)) ?? []);
     return null;
@@ -364,7 +389,9 @@ export class Worker {
     }
     if (log.debugEnabled()) claimed.forEach(log.logClaimed);
     this.#claims += claimed.length;
+    this.#starting = claimed;
     for (const row of claimed) this.#slots.start(row);
+    this.#starting = [];
     return [claimed.length === total, claimed.length === 0];
   }
 
