@@ -301,3 +301,19 @@ Deno.test("queueSnapshot, listQueues, listJobs, getJob and listWorkers read what
     ]);
   });
 });
+
+Deno.test("a queued job with a cancel request or a passed expiry is not ready and adds no lag", async () => {
+  await withApp("adm_ready_cancelled", async (app, sql) => {
+    const mail = app.task("mail", { queue: "mail" }, () => {});
+    const old = new Date(Date.now() - 60_000);
+    const cancelled = await mail.using({ runAt: old }).enqueue();
+    await mail.using({ runAt: old, expiresAt: new Date(Date.now() + 1) }).enqueue();
+    await requestCancel(app.sql, cancelled);
+    await waitFor(async () => {
+      const [m] = (await queueSnapshot(app)).filter((q) => q.queue === "mail");
+      return m && m.ready === 0 && m.lagSeconds === 0 ? m : null;
+    }, "the cancelled and the expired job to leave the ready count");
+    const [{ n }] = await sql`select count(*)::int as n from akadze.jobs where state = 'queued'`;
+    assertEquals(n, 2, "both are still queued until a worker passes");
+  });
+});

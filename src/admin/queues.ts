@@ -9,6 +9,7 @@
 import { explainMissingSchema, jobsChannel, quoteSchema, type TransactionSql } from "../db.ts";
 import { JOB_STATES, type JobState } from "../job.ts";
 import { checkQueueName } from "../rules.ts";
+import { readyCondition } from "../worker/claim_rule.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
@@ -127,9 +128,9 @@ export interface ReadyJobsRow {
 }
 
 /**
- * Per queue with ready jobs (queued, run_at passed): how many, and how long the oldest has
- * waited, ordered by queue, in schema `s` (quoted); only the given `queues` when there are
- * some.
+ * Per queue with ready jobs (as a claim sees them: queued, run_at passed, no cancel request,
+ * not expired): how many, and how long the oldest has waited, ordered by queue, in schema
+ * `s` (quoted); only the given `queues` when there are some.
  */
 export async function readReadyJobs(
   tx: TransactionSql,
@@ -139,8 +140,8 @@ export async function readReadyJobs(
   const rows = await tx.unsafe(
     `select queue, count(*)::bigint as ready,
             greatest(extract(epoch from now() - min(run_at)), 0)::float8 as lag
-       from ${s}.jobs
-      where state = 'queued' and run_at <= now()
+       from ${s}.jobs c
+      where ${readyCondition("c.queue")}
         and ($1::text[] is null or queue = any($1::text[]))
       group by queue order by queue`,
     [queues as never],
