@@ -11,7 +11,6 @@ import { logger } from "../log.ts";
 import type { Outcome } from "./completer.ts";
 import type { WrittenRow } from "./completer.ts";
 import type { JobRow } from "./job_row.ts";
-import type { LoopBlock } from "./loop_blocks.ts";
 import type { Stray } from "./process_guard.ts";
 
 const log = logger("worker");
@@ -142,6 +141,26 @@ export function logRescued(row: JobRow): void {
     attempt: row.attempt,
     state: row.state,
   });
+}
+
+/** A job that ran in the worker, by its claim. */
+export interface RunRef {
+  /** Job id. */
+  id: string;
+  /** The claim's run_count (the fence of every write). */
+  runCount: number;
+  /** Its task. */
+  task: string;
+}
+
+/** One block of the event loop. */
+export interface LoopBlock {
+  /** The job whose handler blocked the loop, when it is known. */
+  culprit: RunRef | null;
+  /** How long the loop was held (ms). */
+  ms: number;
+  /** The other jobs of the worker at the time (claimed, running or waiting for a write). */
+  bystanders: RunRef[];
 }
 
 /**

@@ -10,32 +10,15 @@
  * @module
  */
 import { checkInteger } from "./config.ts";
-import { logLoopBlocked } from "./log_events.ts";
+import { logLoopBlocked, type LoopBlock, type RunRef } from "./log_events.ts";
 
 /** How long (ms) a handler may hold the event loop before a `loop_blocked` warning, by default. */
 export const LOOP_BLOCK_WARN_DEFAULT = 1_000;
 /** How often the lag timer looks (ms). */
 const LAG_TICK = 250;
 
-/** A job that ran in the worker, by its claim. */
-export interface RunRef {
-  /** Job id. */
-  id: string;
-  /** The claim's run_count (the fence of every write). */
-  runCount: number;
-  /** Its task. */
-  task: string;
-}
-
-/** One block of the event loop. */
-export interface LoopBlock {
-  /** The job whose handler blocked the loop, when it is known. */
-  culprit: RunRef | null;
-  /** How long the loop was held (ms). */
-  ms: number;
-  /** The other jobs of the worker at the time (claimed, running or waiting for a write). */
-  bystanders: RunRef[];
-}
+// The shapes live beside the log record that prints them (no import cycle).
+export type { LoopBlock, RunRef } from "./log_events.ts";
 
 /** Settings of {@linkcode LoopBlocks}. */
 export interface LoopBlocksConfig {
