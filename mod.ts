@@ -79,6 +79,14 @@ export {
 } from "./src/migrate.ts";
 export { Akadze, type AkadzeOptions, type TaskModule } from "./src/app.ts";
 export {
+  type EnqueuedFlow,
+  type FlowDependency,
+  type FlowOptions,
+  type FlowStep,
+  type OnDependencyFailure,
+} from "./src/flow.ts";
+export { type DependencyOutcome, type ResultSource } from "./src/dependencies.ts";
+export {
   type AnyTask,
   type ArgsInput,
   type ArgsOutput,

@@ -18,6 +18,13 @@ import { closeLoopConnections } from "./loop_connection.ts";
 import type { JobDetail } from "./admin/jobs.ts";
 import { JobWaiters, type WaitOptions } from "./wait.ts";
 import {
+  type EnqueuedFlow,
+  enqueueFlow,
+  type FlowHost,
+  type FlowOptions,
+  type FlowStep,
+} from "./flow.ts";
+import {
   type AnyTask,
   type ArgsInput,
   type ArgsOutput,
@@ -408,6 +415,41 @@ export class Akadze {
    */
   async waitForJobs(jobIds: readonly string[], options: WaitOptions): Promise<JobDetail[]> {
     return await this.#waitersOf().wait(jobIds, options);
+  }
+
+  /**
+   * Enqueue a flow: named steps, each a job of a task of this app with its arguments and
+   * enqueue options, that wait for the steps (or existing jobs) named in `dependsOn`. All of
+   * it is inserted in one statement, in `options.session`'s transaction when given: a
+   * rollback removes the whole flow. A step with dependencies waits (state `waiting`) until
+   * each is finished; by default a failed or cancelled dependency cancels it (see
+   * {@linkcode OnDependencyFailure}). A bad step, a cycle or a dependency on a job that does
+   * not exist is an `EnqueueError` and nothing is inserted. Returns the flow's id (its
+   * first step's job id) and each step's job id.
+   *
+   * @example
+   * ```ts ignore
+   * const flow = await app.enqueueFlow({
+   *   fetch: { task: fetchPage, args: { url } },
+   *   parse: { task: parsePage, dependsOn: ["fetch"] },
+   *   index: { task: indexPage, dependsOn: ["parse"], queue: "search" },
+   * });
+   * console.log(flow.jobs.index);
+   * ```
+   */
+  async enqueueFlow(
+    steps: Record<string, FlowStep>,
+    options: FlowOptions = {},
+  ): Promise<EnqueuedFlow> {
+    const host: FlowHost = {
+      sql: this.sql,
+      schema: this.schema,
+      notify: this.notify,
+      hooks: this.hooks,
+      maxArgsBytes: this.maxArgsBytes,
+      taskNamed: (name) => this.#tasks.get(name),
+    };
+    return await enqueueFlow(host, steps, options);
   }
 
   #waitersOf(): JobWaiters {

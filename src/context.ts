@@ -8,6 +8,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import type { TransactionSql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import type { JobInfo } from "./job.ts";
+import type { DependencyOutcome, ResultSource } from "./dependencies.ts";
 
 /** What a running job can see and do. */
 export interface JobContext {
@@ -33,6 +34,18 @@ export interface JobContext {
    * `AkadzeError`; a failed write is logged and the run goes on.
    */
   progress(value: unknown): void;
+  /**
+   * The outcomes of the jobs this one depends on (see `app.enqueueFlow`), keyed by step
+   * name (a job outside this job's flow by its id): state, result and last error. Read from
+   * the database on each call.
+   */
+  dependencies(): Promise<Record<string, DependencyOutcome>>;
+  /**
+   * The result of the dependency that ran `task`, typed as that task's handler returns it
+   * (`step` names it when several dependencies ran the task). Throws an `AkadzeError` when
+   * there is no such dependency or it did not succeed.
+   */
+  resultOf<R>(task: ResultSource<R>, step?: string): Promise<Awaited<R>>;
 }
 
 // Shared through the global registry, so current() works when the application imports

@@ -107,7 +107,7 @@ export interface EnqueueTarget {
 // The SQL functions akadze.enqueue() and enqueue_many() check the same rules (rules.ts).
 
 /** What every job of one enqueue call shares (all but the arguments). */
-interface Base {
+export interface Base {
   task: string;
   queue: string;
   priority: number;
@@ -165,6 +165,36 @@ export async function enqueueJobs(
     EnqueueError,
     `cannot enqueue task "${target.name}": `,
   );
+}
+
+/** One job checked as {@linkcode enqueueJobs} checks it: its columns and arguments' JSON. */
+export interface CheckedJob extends Base {
+  /** The arguments to store (the schema's output). */
+  args: Record<string, unknown>;
+  /** Their JSON text. */
+  text: string;
+}
+
+/**
+ * Check one job's options and arguments as {@linkcode enqueueJobs} does (the steps of a
+ * flow are checked so); throws `EnqueueError`.
+ */
+export async function checkJob(
+  host: EnqueueHost,
+  target: EnqueueTarget,
+  args: unknown,
+  options: Omit<EnqueueOptions, "session">,
+): Promise<CheckedJob> {
+  const base = checkOptions(target, options);
+  checkQueueName(base.queue, EnqueueError);
+  const checked = await checkArgs(target, args);
+  const text = checkSize(
+    target,
+    JSON.stringify(checked),
+    host.maxArgsBytes ?? MAX_ARGS_BYTES,
+    undefined,
+  );
+  return { ...base, args: checked, text };
 }
 
 /**

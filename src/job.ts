@@ -6,7 +6,8 @@
 import type { TransactionSql } from "./db.ts";
 
 /**
- * Every state of a job, in lifecycle order, and its kind: an active job holds its uniqueKey
+ * Every state of a job, in lifecycle order, and its kind (`waiting`: for its dependencies to
+ * finish, see `app.enqueueFlow`): an active job holds its uniqueKey
  * and can still run or be cancelled; a terminal one has finished (`finished_at` is set) and is
  * left to retention. A new state is one line here (the type, the lists below, the admin and
  * CLI filters and the metrics follow), plus a migration that widens `jobs_state_check` and
@@ -19,6 +20,7 @@ import type { TransactionSql } from "./db.ts";
  * ```
  */
 export const JOB_STATE_KINDS = {
+  waiting: "active",
   queued: "active",
   running: "active",
   succeeded: "terminal",

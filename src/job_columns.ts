@@ -73,6 +73,8 @@ export const JOB_COLUMNS = [
   col("state", "state", false, ["row", "summary"]),
   col("finished_at", "timestamptz", true, ["summary"]),
   col("cancel_requested", "boolean", false, ["summary"], "j.cancel_requested_at is not null"),
+  col("flow_id", "bigint", true, ["summary"]),
+  col("step", "text", true, ["summary"]),
   col("errors", "jsonb", false, ["detail"]),
   col("result", "jsonb", true, ["detail"]),
   col("progress", "jsonb", true, ["detail"]),

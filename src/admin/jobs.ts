@@ -44,7 +44,7 @@ export async function requestCancel(
   const rows = await explainMissingSchema(schema, () =>
     session.unsafe(
       `with marked as (
-         update ${s}.jobs set cancel_requested_at = coalesce(cancel_requested_at, now())
+         update ${s}.jobs set ${CANCEL_SET}
           where id = $1::bigint and state in (${stateList(ACTIVE_STATES)})
          returning id, state)
        select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
@@ -52,6 +52,15 @@ export async function requestCancel(
     ));
   return rows.length > 0;
 }
+
+/**
+ * The SET list of a cancel request: the mark a worker acts on (it cancels a queued job
+ * before it runs, and signals a running one); a job waiting for its dependencies, which no
+ * worker would take, is cancelled at once (and its dependents, by their failure policy).
+ */
+const CANCEL_SET = `cancel_requested_at = coalesce(cancel_requested_at, now()),
+  state = case when state = 'waiting' then 'cancelled' else state end,
+  finished_at = case when state = 'waiting' then now() else finished_at end`;
 
 /**
  * The SET list that puts a failed job `j` back to `queued`: attempts, errors and arguments
@@ -150,6 +159,10 @@ export interface JobSummary {
   expiresAt: Date | null;
   /** Whether a cancel was requested. */
   cancelRequested: boolean;
+  /** The flow it belongs to (its first step's id), or null outside flows. */
+  flowId: string | null;
+  /** Its step name in the flow, or null. */
+  step: string | null;
 }
 
 /** Which jobs {@linkcode listJobs}, {@linkcode requeueJobs} and {@linkcode cancelJobs} take. */
@@ -378,7 +391,7 @@ export async function cancelJobs(
         ? session.unsafe(`select count(*)::int as n from ${s}.jobs j where ${where}`, params)
         : session.unsafe(
           `with marked as (
-           update ${s}.jobs j set cancel_requested_at = now() where ${where}
+           update ${s}.jobs j set ${CANCEL_SET} where ${where}
            returning j.id, j.state),
          notified as (select pg_notify($5, m.id::text) from marked m where m.state = 'running')
          select (select count(*)::int from marked) as n,

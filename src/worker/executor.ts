@@ -8,6 +8,12 @@
  */
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
+import {
+  type DependencyOutcome,
+  readDependencies,
+  resultOf,
+  type ResultSource,
+} from "../dependencies.ts";
 import { quoteSchema, type TransactionSql } from "../db.ts";
 import { AkadzeError, controlKind, Fail } from "../errors.ts";
 import { isDelay, MAX_DELAY, progressText } from "../rules.ts";
@@ -89,6 +95,7 @@ export class Executor {
       timeout === undefined ? null : new Date(Date.now() + timeout),
       (run, fn) => this.#completeTx(run, fn),
       () => new ProgressReporter(this.#app.sql, this.#progress, job),
+      () => readDependencies(this.#app.sql, this.#app.schema, job.id),
     );
     // Settled once: by the handler, or by an interrupt, whichever is first.
     const startedAt = performance.now();
@@ -360,17 +367,20 @@ class RunContext implements JobContext {
   #completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>;
   #makeReporter: () => ProgressReporter;
   #reporter: ProgressReporter | null = null;
+  #readDependencies: () => Promise<Record<string, DependencyOutcome>>;
 
   constructor(
     job: JobInfo,
     deadline: Date | null,
     completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>,
     makeReporter: () => ProgressReporter,
+    readDependencies: () => Promise<Record<string, DependencyOutcome>>,
   ) {
     this.job = job;
     this.deadline = deadline;
     this.#completeTx = completeTx;
     this.#makeReporter = makeReporter;
+    this.#readDependencies = readDependencies;
   }
 
   progress(value: unknown): void {
@@ -415,6 +425,14 @@ class RunContext implements JobContext {
 
   completeTx<T>(fn: (tx: TransactionSql) => Promise<T>): Promise<T> {
     return this.#completeTx(this, fn);
+  }
+
+  dependencies(): Promise<Record<string, DependencyOutcome>> {
+    return this.#readDependencies();
+  }
+
+  async resultOf<R>(task: ResultSource<R>, step?: string): Promise<Awaited<R>> {
+    return resultOf(await this.#readDependencies(), task, step);
   }
 }
 

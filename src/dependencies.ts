@@ -1,0 +1,107 @@
+/**
+ * What a running job reads of the jobs it depends on (`ctx.dependencies()`,
+ * `ctx.resultOf(task)`): their states, results and last errors, keyed by step name.
+ *
+ * @module
+ */
+import { quoteSchema, type Sql } from "./db.ts";
+import { AkadzeError } from "./errors.ts";
+import type { JobState } from "./job.ts";
+
+/** The outcome of one dependency, as a dependent's handler sees it. */
+export interface DependencyOutcome {
+  /** Its job id. */
+  readonly id: string;
+  /** Its step name in the flow, or null for a job outside it. */
+  readonly step: string | null;
+  /** Its task. */
+  readonly task: string;
+  /**
+   * Its state: `succeeded`, `failed` or `cancelled` (a step that ignores failures, or
+   * continues after one, sees them; with `continue` the others may still be unfinished).
+   */
+  readonly state: JobState;
+  /** Its result (null unless it succeeded). */
+  readonly result: unknown;
+  /** Its last error (name and message), or null. */
+  readonly error: { readonly error: string; readonly message: string } | null;
+}
+
+/** A task, as far as {@linkcode resultOf} needs it: its name and its handler's result type. */
+export interface ResultSource<R> {
+  /** The task name. */
+  readonly name: string;
+  // deno-lint-ignore no-explicit-any
+  readonly handler: (...args: any[]) => R;
+}
+
+/**
+ * The dependencies of job `jobId`, keyed by step name (a job outside the flow by its id).
+ */
+export async function readDependencies(
+  sql: Sql,
+  schema: string,
+  jobId: string,
+): Promise<Record<string, DependencyOutcome>> {
+  const s = quoteSchema(schema);
+  const rows = await sql.unsafe(
+    `select j.id::text as id, j.step, j.task::text as task, j.state, j.result,
+            j.flow_id = (select flow_id from ${s}.jobs where id = $1::bigint) as same_flow,
+            case when jsonb_array_length(j.errors) > 0
+                 then jsonb_build_object('error', j.errors -> -1 ->> 'error',
+                                         'message', j.errors -> -1 ->> 'message') end as error
+       from ${s}.job_dependencies d join ${s}.jobs j on j.id = d.depends_on
+      where d.job_id = $1::bigint order by j.id`,
+    [jobId],
+  );
+  const out: Record<string, DependencyOutcome> = {};
+  for (const row of rows) {
+    const key = row.same_flow && row.step !== null ? row.step : row.id;
+    out[key] = {
+      id: row.id,
+      step: row.step,
+      task: row.task,
+      state: row.state,
+      result: row.result,
+      error: row.error,
+    };
+  }
+  return out;
+}
+
+/**
+ * The result of the dependency that ran `task` (the one named `step` when several did).
+ * Throws an `AkadzeError` when there is none, or it did not succeed.
+ */
+export function resultOf<R>(
+  dependencies: Record<string, DependencyOutcome>,
+  task: ResultSource<R>,
+  step?: string,
+): Awaited<R> {
+  const all = Object.entries(dependencies).filter(([key, d]) =>
+    d.task === task.name && (step === undefined || key === step)
+  );
+  if (all.length === 0) {
+    throw new AkadzeError(
+      `this job has no dependency that ran task "${task.name}"${
+        step === undefined ? "" : ` as step ${JSON.stringify(step)}`
+      }`,
+    );
+  }
+  if (all.length > 1) {
+    throw new AkadzeError(
+      `this job has ${all.length} dependencies that ran task "${task.name}" (${
+        all.map(([key]) => JSON.stringify(key)).join(", ")
+      }): name the step, resultOf(task, step)`,
+    );
+  }
+  const [key, d] = all[0];
+  if (d.state !== "succeeded") {
+    throw new AkadzeError(
+      `dependency ${JSON.stringify(key)} (job ${d.id}) did not succeed: it is ${d.state}${
+        d.error ? ` (${d.error.error}: ${d.error.message})` : ""
+      }`,
+    );
+  }
+  return d.result as Awaited<R>;
+}

@@ -1,0 +1,394 @@
+// Flows against real PostgreSQL: steps that wait for their dependencies, promotion in the
+// transaction of the last dependency's outcome, each failure policy, cancellation down the
+// flow, requeue reviving cancelled dependents, results read by dependents, bad flows refused
+// with nothing inserted, the SQL function, and siblings finishing together across workers.
+import { Akadze } from "../src/app.ts";
+import { requestCancel, requeue } from "../src/admin/jobs.ts";
+import type { Sql } from "../src/db.ts";
+import { DuplicateJob, EnqueueError, Fail } from "../src/errors.ts";
+import { dependencyOrder } from "../src/flow.ts";
+import { Worker } from "../src/worker/worker.ts";
+import { assert, assertEquals, assertRejects } from "./assert.ts";
+import { countJobs, startWorker, waitFor, withApp } from "./_helpers.ts";
+
+async function states(sql: Sql, ids: Record<string, string>): Promise<Record<string, string>> {
+  const rows = await sql`select id::text as id, state from akadze.jobs
+    where id = any(${Object.values(ids)}::bigint[])`;
+  const byId = new Map(rows.map((r) => [r.id as string, r.state as string]));
+  return Object.fromEntries(Object.entries(ids).map(([name, id]) => [name, byId.get(id)!]));
+}
+
+async function lastError(sql: Sql, id: string): Promise<Record<string, string>> {
+  const [row] = await sql`select errors -> -1 as e from akadze.jobs where id = ${id}`;
+  return row.e as Record<string, string>;
+}
+
+/** Run every ready job (and the ones they release) until none is left. */
+async function drain(app: Akadze): Promise<void> {
+  const exit = await new Worker(app, { batch: true, pollInterval: 50 }).run();
+  assertEquals(exit.reason, "batch_done");
+}
+
+Deno.test("a step waits for its dependencies and runs after they succeed, reading their results", async () => {
+  await withApp("flows_chain", async (app, sql) => {
+    const order: string[] = [];
+    const fetch = app.task("fetch", ({ url }) => {
+      order.push("fetch");
+      return { body: `page of ${url}` };
+    });
+    const size = app.task("size", async (_args, ctx) => {
+      order.push("size");
+      const page = await ctx.resultOf(fetch);
+      return page.body.length;
+    });
+    const report = app.task("report", async (_args, ctx) => {
+      order.push("report");
+      const deps = await ctx.dependencies();
+      return { size: deps.size.result, fetched: deps.fetch.state, keys: Object.keys(deps) };
+    });
+    const flow = await app.enqueueFlow({
+      fetch: { task: fetch, args: { url: "x" } },
+      size: { task: size, dependsOn: ["fetch"] },
+      report: { task: report, dependsOn: ["size", "fetch"] },
+    });
+    assertEquals(flow.id, flow.jobs.fetch);
+    assertEquals(await states(sql, flow.jobs), {
+      fetch: "queued",
+      size: "waiting",
+      report: "waiting",
+    });
+    await drain(app);
+    assertEquals(order, ["fetch", "size", "report"]);
+    const [row] = await sql`select result, flow_id::text as flow, step from akadze.jobs
+      where id = ${flow.jobs.report}`;
+    assertEquals(row.result, { size: 9, fetched: "succeeded", keys: ["fetch", "size"] });
+    assertEquals([row.flow, row.step], [flow.id, "report"]);
+  });
+});
+
+Deno.test("a fan-in step is queued exactly once, when its last dependency finishes", async () => {
+  await withApp("flows_fanin", async (app, sql) => {
+    const part = app.task("part", ({ i }) => i);
+    const sum = app.task("sum", async (_args, ctx) => {
+      const deps = await ctx.dependencies();
+      return Object.values(deps).reduce((a, d) => a + (d.result as number), 0);
+    });
+    const steps: Record<string, Parameters<Akadze["enqueueFlow"]>[0][string]> = {};
+    for (let i = 0; i < 50; i++) steps[`p${i}`] = { task: part, args: { i } };
+    steps.sum = { task: sum, dependsOn: Object.keys(steps) };
+    const flow = await app.enqueueFlow(steps);
+    const [{ pending }] = await sql`select pending_deps as pending from akadze.jobs
+      where id = ${flow.jobs.sum}`;
+    assertEquals(pending, 50);
+    await drain(app);
+    const [row] = await sql`select state, result, run_count from akadze.jobs
+      where id = ${flow.jobs.sum}`;
+    assertEquals([row.state, row.result, row.run_count], ["succeeded", 1225, 1]);
+  });
+});
+
+Deno.test("by default a failed dependency cancels its dependents down the flow, naming it", async () => {
+  await withApp("flows_cancel", async (app, sql) => {
+    const bad = app.task("bad", () => {
+      throw new Fail("no such page");
+    });
+    const ok = app.task("ok", () => 1);
+    const flow = await app.enqueueFlow({
+      a: { task: bad },
+      b: { task: ok, dependsOn: ["a"] },
+      c: { task: ok, dependsOn: ["b"] },
+      d: { task: ok, dependsOn: ["c"] },
+      side: { task: ok },
+    });
+    await drain(app);
+    assertEquals(await states(sql, flow.jobs), {
+      a: "failed",
+      b: "cancelled",
+      c: "cancelled",
+      d: "cancelled",
+      side: "succeeded",
+    });
+    const b = await lastError(sql, flow.jobs.b);
+    assertEquals(b.error, "DependencyFailed");
+    assert(b.message.includes(`step "a" (job ${flow.jobs.a}) failed`), b.message);
+    const d = await lastError(sql, flow.jobs.d);
+    assert(d.message.includes(`job ${flow.jobs.c} was cancelled`), d.message);
+    const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+      where finished_at is null`;
+    assertEquals(n, 0);
+  });
+});
+
+Deno.test("onFailure ignore runs the step after the others, seeing the failure", async () => {
+  await withApp("flows_ignore", async (app, sql) => {
+    const bad = app.task("bad", () => {
+      throw new Fail("broken");
+    });
+    const slow = app.task("slow", () => "done");
+    const seen: unknown[] = [];
+    const after = app.task("after", async (_args, ctx) => {
+      const deps = await ctx.dependencies();
+      seen.push(deps.bad.state, deps.bad.error?.message, deps.slow.state);
+    });
+    const flow = await app.enqueueFlow({
+      bad: { task: bad },
+      slow: { task: slow, delay: 300 },
+      after: {
+        task: after,
+        dependsOn: [{ step: "bad", onFailure: "ignore" }, "slow"],
+      },
+    });
+    const worker = startWorker(app);
+    try {
+      await waitFor(async () => seen.length > 0, "the dependent's run");
+    } finally {
+      await worker.stop();
+    }
+    assertEquals(seen, ["failed", "broken", "succeeded"]);
+    assertEquals((await states(sql, flow.jobs)).after, "succeeded");
+  });
+});
+
+Deno.test("onFailure continue runs the step at once, before its other dependencies finish", async () => {
+  await withApp("flows_continue", async (app, sql) => {
+    const bad = app.task("bad", () => {
+      throw new Fail("broken");
+    });
+    const later = app.task("later", () => "late");
+    const seen: unknown[] = [];
+    const handler = app.task("handler", async (_args, ctx) => {
+      const deps = await ctx.dependencies();
+      seen.push(deps.bad.state, deps.later.state);
+    });
+    const flow = await app.enqueueFlow({
+      bad: { task: bad },
+      // Far in the future: it is still queued when the handler runs.
+      later: { task: later, delay: 3_600_000 },
+      handler: { task: handler, dependsOn: [{ step: "bad", onFailure: "continue" }, "later"] },
+    });
+    await drain(app);
+    assertEquals(seen, ["failed", "queued"]);
+    assertEquals(await states(sql, flow.jobs), {
+      bad: "failed",
+      later: "queued",
+      handler: "succeeded",
+    });
+  });
+});
+
+Deno.test("cancelling a waiting step cancels it at once and its dependents with it", async () => {
+  await withApp("flows_cancel_waiting", async (app, sql) => {
+    const ok = app.task("ok", () => 1);
+    const flow = await app.enqueueFlow({
+      a: { task: ok, delay: 3_600_000 },
+      b: { task: ok, dependsOn: ["a"] },
+      c: { task: ok, dependsOn: ["b"] },
+      d: { task: ok, dependsOn: [{ step: "b", onFailure: "ignore" }] },
+    });
+    assert(await requestCancel(sql, flow.jobs.b));
+    assertEquals(await states(sql, flow.jobs), {
+      a: "queued",
+      b: "cancelled",
+      c: "cancelled",
+      // b was its only dependency, and it ignores b's failure.
+      d: "queued",
+    });
+    const c = await lastError(sql, flow.jobs.c);
+    assert(c.message.includes(`step "b" (job ${flow.jobs.b}) was cancelled`), c.message);
+    assertEquals(await lastError(sql, flow.jobs.b), null);
+  });
+});
+
+Deno.test("requeueing a failed step lets its cancelled dependents run when it succeeds", async () => {
+  await withApp("flows_requeue", async (app, sql) => {
+    let fail = true;
+    const flaky = app.task("flaky", { maxAttempts: 1 }, () => {
+      if (fail) throw new Error("down");
+      return "up";
+    });
+    const ran: string[] = [];
+    const next = app.task("next", (_args, ctx) => {
+      ran.push(ctx.job.id);
+    });
+    const flow = await app.enqueueFlow({
+      a: { task: flaky },
+      b: { task: next, dependsOn: ["a"] },
+      c: { task: next, dependsOn: ["b"] },
+    });
+    await drain(app);
+    assertEquals(await states(sql, flow.jobs), { a: "failed", b: "cancelled", c: "cancelled" });
+    fail = false;
+    await requeue(sql, flow.jobs.a);
+    assertEquals(await states(sql, flow.jobs), { a: "queued", b: "waiting", c: "waiting" });
+    await drain(app);
+    assertEquals(await states(sql, flow.jobs), { a: "succeeded", b: "succeeded", c: "succeeded" });
+    assertEquals(ran, [flow.jobs.b, flow.jobs.c]);
+  });
+});
+
+Deno.test("a step may depend on an existing job, finished or not", async () => {
+  await withApp("flows_existing", async (app, sql) => {
+    const ok = app.task("ok", () => "r");
+    const bad = app.task("bad", () => {
+      throw new Fail("x");
+    });
+    const done = await ok.enqueue();
+    const failed = await bad.enqueue();
+    await drain(app);
+    const pending = await ok.enqueue();
+    const flow = await app.enqueueFlow({
+      afterDone: { task: ok, dependsOn: [{ job: done }] },
+      afterFailed: { task: ok, dependsOn: [{ job: failed }] },
+      afterPending: { task: ok, dependsOn: [{ job: pending }] },
+    });
+    assertEquals(await states(sql, flow.jobs), {
+      afterDone: "queued",
+      afterFailed: "cancelled",
+      afterPending: "waiting",
+    });
+    await drain(app);
+    assertEquals((await states(sql, flow.jobs)).afterPending, "succeeded");
+  });
+});
+
+Deno.test("a bad flow is an EnqueueError naming the problem, and nothing is inserted", async () => {
+  await withApp("flows_bad", async (app, sql) => {
+    const ok = app.task("ok", () => 1);
+    const cases: [Parameters<Akadze["enqueueFlow"]>[0], string][] = [
+      [{ a: { task: ok, dependsOn: ["b"] }, b: { task: ok, dependsOn: ["a"] } }, "cycle"],
+      [{ a: { task: ok, dependsOn: ["a"] } }, "cycle"],
+      [{ a: { task: ok, dependsOn: ["nope"] } }, `"nope", which is not a step`],
+      [{ a: { task: "unknown" } }, `task "unknown", which this app does not have`],
+      [{ a: { task: ok, args: [] as unknown as object } }, `step "a"`],
+      [{ a: { task: ok, priority: 1e6 } }, "priority must be"],
+      [{
+        a: { task: ok, dependsOn: [{ step: "b", onFailure: "explode" as "cancel" }] },
+        b: { task: ok },
+      }, "onFailure"],
+      [{ a: { task: ok, dependsOn: [{ job: "999999" }] } }, "job 999999, which does not exist"],
+      [{ a: { task: ok, wat: 1 } as never }, `unknown key "wat"`],
+      [{}, "object of named steps"],
+    ];
+    for (const [steps, text] of cases) {
+      const error = await assertRejects(() => app.enqueueFlow(steps), EnqueueError);
+      assert(error.message.includes(text), `"${error.message}" should contain "${text}"`);
+    }
+    assertEquals(await countJobs(sql), 0);
+    assertEquals((await sql`select count(*)::int as n from akadze.job_dependencies`)[0].n, 0);
+  });
+});
+
+Deno.test("a flow is enqueued in the caller's transaction: a rollback removes all of it", async () => {
+  await withApp("flows_tx", async (app, sql) => {
+    const ok = app.task("ok", () => 1);
+    await assertRejects(
+      () =>
+        app.sql.begin(async (tx) => {
+          await app.enqueueFlow({ a: { task: ok }, b: { task: ok, dependsOn: ["a"] } }, {
+            session: tx,
+          });
+          throw new Error("rolled back");
+        }),
+    );
+    assertEquals(await countJobs(sql), 0);
+    const flow = await app.sql.begin((tx) =>
+      app.enqueueFlow({ a: { task: ok }, b: { task: ok, dependsOn: ["a"] } }, { session: tx })
+    );
+    assertEquals(Object.keys(flow.jobs), ["a", "b"]);
+    assertEquals(await countJobs(sql), 2);
+  });
+});
+
+Deno.test("a step's unique key is held while it waits; a duplicate refuses the whole flow", async () => {
+  await withApp("flows_unique", async (app, sql) => {
+    const ok = app.task("ok", () => 1);
+    await app.enqueueFlow({
+      a: { task: ok, delay: 3_600_000 },
+      b: { task: ok, dependsOn: ["a"], uniqueKey: "report-1" },
+    });
+    await assertRejects(() => ok.using({ uniqueKey: "report-1" }).enqueue(), DuplicateJob);
+    await assertRejects(
+      () => app.enqueueFlow({ x: { task: ok }, y: { task: ok, uniqueKey: "report-1" } }),
+      DuplicateJob,
+    );
+    assertEquals(await countJobs(sql), 2);
+  });
+});
+
+Deno.test("SQL enqueue_flow takes steps in any order and refuses a cycle with 22023", async () => {
+  await withApp("flows_sql", async (app, sql) => {
+    app.task("ok", () => 1);
+    const rows = await sql`select step, id::text as id from akadze.enqueue_flow(${
+      JSON.stringify([
+        { name: "last", task: "ok", depends_on: ["first", { step: "mid", on_failure: "ignore" }] },
+        { name: "mid", task: "ok", depends_on: ["first"], queue: "default" },
+        { name: "first", task: "ok", args: { n: 1 } },
+      ])
+    }::text::jsonb)`;
+    assertEquals(rows.map((r) => r.step), ["last", "mid", "first"]);
+    const ids = Object.fromEntries(rows.map((r) => [r.step, BigInt(r.id)]));
+    assert(ids.first < ids.mid && ids.mid < ids.last, "ids follow the dependencies");
+    await drain(app);
+    assertEquals(await countJobs(sql, "succeeded"), 3);
+    const error = await assertRejects(() =>
+      sql`select * from akadze.enqueue_flow(${
+        JSON.stringify([
+          { name: "a", task: "ok", depends_on: ["b"] },
+          { name: "b", task: "ok", depends_on: ["a"] },
+        ])
+      }::text::jsonb)`
+    ) as { code?: string; message: string };
+    assertEquals(error.code, "22023");
+    assert(error.message.includes("cycle"), error.message);
+    const missing = await assertRejects(() =>
+      sql`select * from akadze.enqueue_flow(${
+        JSON.stringify([{ name: "a", task: "ok", depends_on: [{ job: 424242 }] }])
+      }::text::jsonb)`
+    ) as { code?: string };
+    assertEquals(missing.code, "23503");
+    assertEquals(await countJobs(sql), 3);
+  });
+});
+
+Deno.test("dependencyOrder keeps the given order when it is one, and names a cycle", () => {
+  const deps = new Map([["c", ["a", "b"]], ["b", ["a"]]]);
+  assertEquals(dependencyOrder(["a", "b", "c"], deps), ["a", "b", "c"]);
+  assertEquals(dependencyOrder(["c", "b", "a"], deps), ["a", "b", "c"]);
+  let message = "";
+  try {
+    dependencyOrder(["x", "y", "z"], new Map([["x", ["y"]], ["y", ["z"]], ["z", ["x"]]]));
+  } catch (error) {
+    message = (error as Error).message;
+  }
+  assert(message.includes(`"x" → "y" → "z" → "x"`), message);
+});
+
+Deno.test("siblings finishing together in several workers queue their dependent exactly once", async () => {
+  await withApp("flows_race", async (app, sql) => {
+    const part = app.task("part", () => 1);
+    let sinks = 0;
+    const sink = app.task("sink", () => {
+      sinks++;
+    });
+    const flows: string[] = [];
+    for (let round = 0; round < 10; round++) {
+      const steps: Record<string, Parameters<Akadze["enqueueFlow"]>[0][string]> = {};
+      for (let i = 0; i < 40; i++) steps[`p${i}`] = { task: part };
+      steps.sink = { task: sink, dependsOn: Object.keys(steps) };
+      flows.push((await app.enqueueFlow(steps)).jobs.sink);
+    }
+    const workers = [0, 1, 2].map(() => startWorker(app, { slots: 8 }));
+    try {
+      await waitFor(
+        async () => (await countJobs(sql, "succeeded")) === 10 * 41,
+        "every job of the ten flows",
+        60_000,
+      );
+    } finally {
+      await Promise.all(workers.map((w) => w.stop()));
+    }
+    assertEquals(sinks, 10);
+    const rows = await sql`select run_count from akadze.jobs where id = any(${flows}::bigint[])`;
+    assertEquals(rows.map((r) => r.run_count), Array(10).fill(1));
+  });
+});
