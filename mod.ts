@@ -79,11 +79,15 @@ export {
 } from "./src/migrate.ts";
 export { Akadze, type AkadzeOptions, type TaskModule } from "./src/app.ts";
 export {
+  chain,
+  chord,
   type EnqueuedFlow,
   type FlowDependency,
   type FlowOptions,
   type FlowStep,
+  group,
   type OnDependencyFailure,
+  type StepList,
 } from "./src/flow.ts";
 export { type DependencyOutcome, type ResultSource } from "./src/dependencies.ts";
 export {

@@ -379,3 +379,97 @@ export function dependencyOrder(
   }
   return order;
 }
+
+/** Steps given to {@linkcode chain}, {@linkcode group} and {@linkcode chord}: named, or a list. */
+export type StepList = readonly FlowStep[] | Record<string, FlowStep>;
+
+/** The steps of `steps` by name: a list's steps are named "1", "2", … in order. */
+function named(steps: StepList, what: string): [string, FlowStep][] {
+  const entries = Array.isArray(steps)
+    ? steps.map((step, i) => [String(i + 1), step] as [string, FlowStep])
+    : isPlainObject(steps)
+    ? Object.entries(steps as Record<string, FlowStep>)
+    : null;
+  if (!entries || entries.length === 0) {
+    throw new EnqueueError(`${what} takes a non-empty list or object of steps`);
+  }
+  for (const [name, step] of entries) {
+    if (isPlainObject(step) && (step as FlowStep).dependsOn !== undefined) {
+      throw new EnqueueError(
+        `${what}: step ${JSON.stringify(name)} has its own dependsOn; ${what} sets them`,
+      );
+    }
+  }
+  return entries;
+}
+
+/**
+ * A chain, as Celery's: each step waits for the one before it (and reads its result with
+ * `ctx.dependencies()` or `ctx.resultOf(task)`); a failure cancels the rest. A list's steps
+ * are named "1", "2", …. Pass the result to `app.enqueueFlow`.
+ *
+ * @example
+ * ```ts ignore
+ * import { chain } from "@akadze/akadze";
+ * await app.enqueueFlow(chain([
+ *   { task: download, args: { url } },
+ *   { task: transcode },
+ *   { task: publish },
+ * ]));
+ * ```
+ */
+export function chain(steps: StepList): Record<string, FlowStep> {
+  const out: Record<string, FlowStep> = {};
+  let previous: string | undefined;
+  for (const [name, step] of named(steps, "chain")) {
+    out[name] = previous === undefined ? step : { ...step, dependsOn: [previous] };
+    previous = name;
+  }
+  return out;
+}
+
+/**
+ * A group, as Celery's: steps that run independently (in one enqueue). A list's steps are
+ * named "1", "2", …. Pass the result to `app.enqueueFlow`, or to {@linkcode chord}.
+ *
+ * @example
+ * ```ts ignore
+ * import { group } from "@akadze/akadze";
+ * await app.enqueueFlow(group(files.map((file) => ({ task: resize, args: { file } }))));
+ * ```
+ */
+export function group(steps: StepList): Record<string, FlowStep> {
+  return Object.fromEntries(named(steps, "group"));
+}
+
+/**
+ * A chord, as Celery's: the steps of `header` run independently, and `callback` (step
+ * "callback") runs when all have finished, reading their results with
+ * `ctx.dependencies()`. A failed header step cancels the callback unless `onFailure` says
+ * otherwise (`"ignore"`: the callback runs when the others are done, and sees it).
+ *
+ * @example
+ * ```ts ignore
+ * import { chord } from "@akadze/akadze";
+ * await app.enqueueFlow(chord(
+ *   rows.map((row) => ({ task: importRow, args: { row } })),
+ *   { task: summarize },
+ * ));
+ * ```
+ */
+export function chord(
+  header: StepList,
+  callback: FlowStep,
+  options: { onFailure?: OnDependencyFailure } = {},
+): Record<string, FlowStep> {
+  const steps = named(header, "chord");
+  if (steps.some(([name]) => name === "callback")) {
+    throw new EnqueueError('chord: a header step cannot be named "callback"');
+  }
+  const [[, last]] = named({ callback }, "chord");
+  const onFailure = options.onFailure ?? "cancel";
+  return {
+    ...Object.fromEntries(steps),
+    callback: { ...last, dependsOn: steps.map(([step]) => ({ step, onFailure })) },
+  };
+}

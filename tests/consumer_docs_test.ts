@@ -502,6 +502,7 @@ const PAGES: Page[] = [
   { file: "docs/limits.md", start: "after getting started", ignored: {} },
   { file: "docs/testing.md", start: "after getting started", ignored: {} },
   { file: "docs/awaiting.md", start: "after getting started", ignored: {} },
+  { file: "docs/flows.md", start: "after getting started", ignored: {} },
   { file: "docs/metrics.md", start: "after getting started", ignored: {} },
   {
     file: "docs/operating.md",

@@ -6,7 +6,7 @@ import { Akadze } from "../src/app.ts";
 import { requestCancel, requeue } from "../src/admin/jobs.ts";
 import type { Sql } from "../src/db.ts";
 import { DuplicateJob, EnqueueError, Fail } from "../src/errors.ts";
-import { dependencyOrder } from "../src/flow.ts";
+import { chain, chord, dependencyOrder, group } from "../src/flow.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
 import { countJobs, startWorker, waitFor, withApp } from "./_helpers.ts";
@@ -390,5 +390,41 @@ Deno.test("siblings finishing together in several workers queue their dependent 
     assertEquals(sinks, 10);
     const rows = await sql`select run_count from akadze.jobs where id = any(${flows}::bigint[])`;
     assertEquals(rows.map((r) => r.run_count), Array(10).fill(1));
+  });
+});
+
+Deno.test("chain, group and chord build flows as Celery's canvas does", async () => {
+  await withApp("flows_canvas", async (app, sql) => {
+    const order: string[] = [];
+    const step = app.task("step", ({ n }) => {
+      order.push(`step ${n}`);
+      return n;
+    });
+    const sum = app.task("sum", async (_args, ctx) => {
+      const deps = await ctx.dependencies();
+      order.push("sum");
+      return Object.values(deps).reduce((a, d) => a + (d.result as number), 0);
+    });
+    const chained = await app.enqueueFlow(
+      chain([{ task: step, args: { n: 1 } }, { task: step, args: { n: 2 } }, {
+        task: step,
+        args: { n: 3 },
+      }]),
+    );
+    assertEquals(Object.keys(chained.jobs), ["1", "2", "3"]);
+    await drain(app);
+    assertEquals(order, ["step 1", "step 2", "step 3"]);
+    order.length = 0;
+    const fanned = await app.enqueueFlow(
+      chord(group([1, 2, 3, 4].map((n) => ({ task: step, args: { n } }))), { task: sum }),
+    );
+    await drain(app);
+    assertEquals(order.at(-1), "sum");
+    const [row] = await sql`select result from akadze.jobs where id = ${fanned.jobs.callback}`;
+    assertEquals(row.result, 10);
+    await assertRejects(
+      () => Promise.resolve().then(() => chain([{ task: step, dependsOn: ["x"] }])),
+      EnqueueError,
+    );
   });
 });
