@@ -221,11 +221,12 @@ CREATE TRIGGER jobs_settle_dependents
 --    "depends_on": ["other-step", {"step": "s", "on_failure": "ignore"}, {"job": 42}]}
 -- inserted in one statement, with ids in dependency order (a step's id is larger than its
 -- dependencies'); returns each step's name and id, in the order given. The flow's id is its
--- first step's. TypeScript's app.enqueueFlow calls this function after checking each step
+-- first step's, or `in_flow` (the steps then join that flow: a running job's children).
+-- TypeScript's app.enqueueFlow calls this function after checking each step
 -- against its task. Errors, with nothing inserted: 22023 (a malformed step, an unknown or
 -- repeated step, a cycle), 23503 (a dependency on a job that does not exist), 54000
 -- (arguments over akadze.max_args_bytes), AKDUP (a unique_key already held).
-CREATE FUNCTION {{schema}}.enqueue_flow(steps jsonb)
+CREATE FUNCTION {{schema}}.enqueue_flow(steps jsonb, in_flow bigint DEFAULT NULL)
 RETURNS TABLE (step text, id bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -446,7 +447,8 @@ BEGIN
            (s.x ->> 'expires_at')::timestamptz,
            s.x ->> 'unique_key', s.x ->> 'limit_key',
            CASE WHEN coalesce(deg.n, 0) > 0 THEN 'waiting' ELSE 'queued' END,
-           coalesce(deg.n, 0), dep.i IS NOT NULL, v_ids[1], s.x ->> 'name'
+           coalesce(deg.n, 0), dep.i IS NOT NULL, coalesce(in_flow, v_ids[1]),
+           s.x ->> 'name'
       FROM jsonb_array_elements(steps) WITH ORDINALITY AS s(x, i)
       LEFT JOIN (SELECT f AS i, count(*)::integer AS n
                    FROM unnest(v_from) f GROUP BY f) deg ON deg.i = s.i

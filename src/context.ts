@@ -9,6 +9,7 @@ import type { TransactionSql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import type { JobInfo } from "./job.ts";
 import type { DependencyOutcome, ResultSource } from "./dependencies.ts";
+import type { FlowStep, OnDependencyFailure } from "./flow.ts";
 
 /** What a running job can see and do. */
 export interface JobContext {
@@ -46,6 +47,20 @@ export interface JobContext {
    * there is no such dependency or it did not succeed.
    */
   resultOf<R>(task: ResultSource<R>, step?: string): Promise<Awaited<R>>;
+  /**
+   * Add child jobs to this one and end the run waiting for them, without holding a slot:
+   * the children (steps of a flow, which may depend on each other) are inserted in the
+   * transaction that moves this job to `waiting`. When they have finished, the job runs
+   * again (no attempt spent) and reads their outcomes with `dependencies()`. By default a
+   * failed child cancels this job; `onFailure: "ignore"` runs it anyway, to see the failure.
+   * Like `completeTx`, it throws if this run no longer owns the job, and after it commits
+   * the handler's return value is ignored: return right after it. Returns the children's
+   * job ids by step name.
+   */
+  waitForChildren(
+    steps: Record<string, FlowStep>,
+    options?: { onFailure?: OnDependencyFailure },
+  ): Promise<Record<string, string>>;
 }
 
 // Shared through the global registry, so current() works when the application imports

@@ -129,26 +129,13 @@ export async function enqueueFlow(
   steps: Record<string, FlowStep>,
   options: FlowOptions = {},
 ): Promise<EnqueuedFlow> {
-  if (!isPlainObject(steps) || Object.keys(steps).length === 0) {
-    throw new EnqueueError(
-      "a flow is an object of named steps, e.g. { fetch: { task: fetch, args: { url } } }",
-    );
-  }
   if (!isPlainObject(options)) throw new EnqueueError("flow options must be an object");
   for (const key of Object.keys(options)) {
     if (key !== "session") {
       throw new EnqueueError(`unknown flow option "${key}" (options: session)`);
     }
   }
-  const names = Object.keys(steps);
-  const checked = new Map<string, SqlStep>();
-  const deps = new Map<string, string[]>();
-  for (const name of names) {
-    const [step, stepDeps] = await checkStep(host, name, steps[name], steps);
-    checked.set(name, step);
-    deps.set(name, stepDeps);
-  }
-  const ordered = dependencyOrder(names, deps).map((name) => checked.get(name)!);
+  const ordered = await prepareFlow(host, steps);
   if (host.hooks.onEnqueue.length > 0 && isNodePostgres(options.session)) {
     throw new EnqueueError(
       "cannot enqueue a flow on a node-postgres session: this app has onEnqueue hooks, which " +
@@ -206,11 +193,35 @@ export async function enqueueFlow(
   }
   const jobs: Record<string, string> = {};
   for (const row of rows) jobs[row.step as string] = row.id as string;
-  return { id: jobs[ordered[0].name], jobs };
+  return { id: jobs[(ordered[0] as SqlStep).name], jobs };
+}
+
+/**
+ * Check every step of `steps` as a single enqueue checks a job; returns them in dependency
+ * order, in the shape of the SQL function `enqueue_flow`'s argument (see `flowStatement`).
+ */
+export async function prepareFlow(
+  host: FlowHost,
+  steps: Record<string, FlowStep>,
+): Promise<unknown[]> {
+  if (!isPlainObject(steps) || Object.keys(steps).length === 0) {
+    throw new EnqueueError(
+      "a flow is an object of named steps, e.g. { fetch: { task: fetch, args: { url } } }",
+    );
+  }
+  const names = Object.keys(steps);
+  const checked = new Map<string, SqlStep>();
+  const deps = new Map<string, string[]>();
+  for (const name of names) {
+    const [step, stepDeps] = await checkStep(host, name, steps[name], steps);
+    checked.set(name, step);
+    deps.set(name, stepDeps);
+  }
+  return dependencyOrder(names, deps).map((name) => checked.get(name)!);
 }
 
 /** The database's refusal of a flow as the error a single enqueue would raise. */
-function flowError(error: unknown): unknown {
+export function flowError(error: unknown): unknown {
   const code = (error as { code?: unknown }).code;
   const message = error instanceof Error ? error.message : String(error);
   if (code === "AKDUP") return new DuplicateJob(message);

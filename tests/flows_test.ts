@@ -428,3 +428,65 @@ Deno.test("chain, group and chord build flows as Celery's canvas does", async ()
     );
   });
 });
+
+Deno.test("a running job adds children, waits without a slot, and runs again with their results", async () => {
+  await withApp("flows_children", async (app, sql) => {
+    const row = app.task("row", ({ n }) => (n as number) * 10);
+    const runs: number[] = [];
+    const file = app.task("file", async ({ rows }, ctx) => {
+      runs.push(ctx.job.runCount);
+      const done = await ctx.dependencies();
+      if (Object.keys(done).length === 0) {
+        const ids = await ctx.waitForChildren(
+          Object.fromEntries(
+            (rows as number[]).map((n) => [`row-${n}`, { task: row, args: { n } }]),
+          ),
+        );
+        assertEquals(Object.keys(ids), ["row-1", "row-2", "row-3"]);
+        return "ignored: the job now waits";
+      }
+      return Object.values(done).reduce((a, d) => a + (d.result as number), 0);
+    });
+    const id = await file.enqueue({ rows: [1, 2, 3] });
+    await drain(app);
+    const [job] = await sql`select state, result, attempt, run_count, flow_id::text as flow
+      from akadze.jobs where id = ${id}`;
+    assertEquals([job.state, job.result, job.attempt, job.run_count], ["succeeded", 60, 0, 2]);
+    assertEquals(job.flow, id);
+    assertEquals(runs, [1, 2]);
+    const children = await sql`select step, state, flow_id::text as flow from akadze.jobs
+      where id <> ${id} order by id`;
+    assertEquals(children.map((c) => [c.step, c.state, c.flow]), [
+      ["row-1", "succeeded", id],
+      ["row-2", "succeeded", id],
+      ["row-3", "succeeded", id],
+    ]);
+  });
+});
+
+Deno.test("a failed child cancels its parent, unless the parent ignores failures", async () => {
+  await withApp("flows_children_fail", async (app, sql) => {
+    const bad = app.task("bad", () => {
+      throw new Fail("unreadable row");
+    });
+    const seen: string[] = [];
+    const parent = app.task("parent", async ({ policy }, ctx) => {
+      const done = await ctx.dependencies();
+      if (Object.keys(done).length === 0) {
+        await ctx.waitForChildren({ child: { task: bad } }, {
+          onFailure: policy as "cancel" | "ignore",
+        });
+        return;
+      }
+      seen.push(`${policy}: ${done.child.state} ${done.child.error?.message}`);
+    });
+    const strict = await parent.enqueue({ policy: "cancel" });
+    const lenient = await parent.enqueue({ policy: "ignore" });
+    await drain(app);
+    const rows = await sql`select id::text as id, state from akadze.jobs
+      where id = any(${[strict, lenient]}::bigint[]) order by id`;
+    assertEquals(rows.map((r) => r.state), ["cancelled", "succeeded"]);
+    assertEquals(seen, ["ignore: failed unreadable row"]);
+    assertEquals((await lastError(sql, strict)).error, "DependencyFailed");
+  });
+});

@@ -8,6 +8,7 @@
  */
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
+import { flowError, type FlowStep, type OnDependencyFailure, prepareFlow } from "../flow.ts";
 import {
   type DependencyOutcome,
   readDependencies,
@@ -15,7 +16,7 @@ import {
   type ResultSource,
 } from "../dependencies.ts";
 import { quoteSchema, type TransactionSql } from "../db.ts";
-import { AkadzeError, controlKind, Fail } from "../errors.ts";
+import { AkadzeError, controlKind, EnqueueError, Fail } from "../errors.ts";
 import { isDelay, MAX_DELAY, progressText } from "../rules.ts";
 import type { JobInfo } from "../job.ts";
 import { jsonProblem } from "../json.ts";
@@ -25,7 +26,7 @@ import { nextDelay } from "./backoff.ts";
 import type { ClaimedJob } from "./claimer.ts";
 import type { Completer, Outcome } from "./completer.ts";
 import { errorEntry, MESSAGE_MAX, runSecrets, storableText } from "./error_entry.ts";
-import { runTransitionHooks, toJobInfo } from "./job_row.ts";
+import { JOB_RETURNING, type JobRow, runTransitionHooks, toJobInfo } from "./job_row.ts";
 import { LOOP_BLOCK_WARN_DEFAULT, type RunRef } from "./loop_blocks.ts";
 import { ProgressReporter, progressStatement } from "./progress.ts";
 
@@ -77,7 +78,7 @@ export class Executor {
     const password = (app.sql.options as { pass?: unknown }).pass;
     this.#secrets = typeof password === "string" && password ? [password] : [];
     this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
-        coalesce(expires_at <= now(), false) as expired
+        coalesce(expires_at <= now(), false) as expired, coalesce(flow_id, id)::text as flow
       from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;
     this.#progress = progressStatement(app.schema);
   }
@@ -96,6 +97,7 @@ export class Executor {
       (run, fn) => this.#completeTx(run, fn),
       () => new ProgressReporter(this.#app.sql, this.#progress, job),
       () => readDependencies(this.#app.sql, this.#app.schema, job.id),
+      (run, steps, options) => this.#waitForChildren(run, steps, options ?? {}),
     );
     // Settled once: by the handler, or by an interrupt, whichever is first.
     const startedAt = performance.now();
@@ -282,8 +284,104 @@ export class Executor {
 
   async #completeTx<T>(state: RunContext, fn: (tx: TransactionSql) => Promise<T>): Promise<T> {
     const job = state.job;
-    if (state.inCompleteTx) throw new AkadzeError("completeTx cannot be nested");
-    if (state.completed) throw new AkadzeError("completeTx already committed for this run");
+    return await this.#ownedTx(state, "completeTx", async (tx) => {
+      const value = await fn(tx);
+      await state.writeProgressIn(tx);
+      const written = await this.#completer.writeIn(tx, {
+        id: job.id,
+        runCount: job.runCount,
+        kind: "succeeded",
+        result: null,
+      });
+      if (!written) throw new AkadzeError(`job ${job.id} is no longer owned by this run`);
+      await runTransitionHooks(this.#app.hooks.onTransition, tx, written, "running");
+      return value;
+    });
+  }
+
+  /**
+   * `ctx.waitForChildren`: the children inserted (a flow joining this job's), each made a
+   * dependency of this job, and this job moved to `waiting`, in one transaction.
+   */
+  async #waitForChildren(
+    state: RunContext,
+    steps: Record<string, FlowStep>,
+    options: { onFailure?: OnDependencyFailure },
+  ): Promise<Record<string, string>> {
+    const job = state.job;
+    const onFailure = options?.onFailure ?? "cancel";
+    if (!["cancel", "ignore", "continue"].includes(onFailure)) {
+      throw new EnqueueError(
+        `onFailure must be "cancel", "ignore" or "continue", got ${JSON.stringify(onFailure)}`,
+      );
+    }
+    const app = this.#app;
+    const ordered = await prepareFlow({
+      sql: app.sql,
+      schema: app.schema,
+      notify: app.notify,
+      hooks: app.hooks,
+      maxArgsBytes: app.maxArgsBytes,
+      taskNamed: (name) => app.tasks.get(name),
+    }, steps);
+    const s = quoteSchema(app.schema);
+    try {
+      return await this.#ownedTx(state, "waitForChildren", async (tx, owned) => {
+        const children = await tx.unsafe(
+          `select step, id::text as id from ${s}.enqueue_flow($1::text::jsonb, $2::bigint)`,
+          [JSON.stringify(ordered), owned.flow],
+        );
+        const ids = `{${children.map((c) => c.id).join(",")}}`;
+        await state.writeProgressIn(tx);
+        const [written] = await tx.unsafe(
+          `with edges as (
+             insert into ${s}.job_dependencies (job_id, depends_on, on_failure)
+             select $1::bigint, d, $3 from unnest($2::bigint[]) d),
+           marked as (
+             update ${s}.jobs set has_dependents = true where id = any($2::bigint[]))
+           update ${s}.jobs j set state = 'waiting', pending_deps = cardinality($2::bigint[]),
+                  worker_id = null, flow_id = $4::bigint
+            where j.id = $1::bigint and j.run_count = $5 and j.state = 'running'
+           returning ${JOB_RETURNING}`,
+          [job.id, ids, onFailure, owned.flow, job.runCount],
+        );
+        if (!written) throw new AkadzeError(`job ${job.id} is no longer owned by this run`);
+        await runTransitionHooks(
+          app.hooks.onTransition,
+          tx,
+          written as unknown as JobRow,
+          "running",
+        );
+        return Object.fromEntries(children.map((c) => [c.step as string, c.id as string]));
+      });
+    } catch (error) {
+      throw flowError(error);
+    }
+  }
+
+  /**
+   * Run `fn` in a transaction that holds this run's job locked and still owned (running,
+   * same run_count, no cancel request, not expired); marks the run completed when it
+   * commits. `what` names the caller in errors.
+   */
+  async #ownedTx<T>(
+    state: RunContext,
+    what: string,
+    fn: (tx: TransactionSql, owned: { flow: string }) => Promise<T>,
+  ): Promise<T> {
+    const job = state.job;
+    if (state.inCompleteTx) {
+      throw new AkadzeError(
+        what === "completeTx"
+          ? "completeTx cannot be nested"
+          : `${what} cannot run inside completeTx`,
+      );
+    }
+    if (state.completed) {
+      throw new AkadzeError(
+        `${what}: this run's outcome is already written (completeTx or waitForChildren committed)`,
+      );
+    }
     if (state.abortReason) {
       throw new AkadzeError(
         `job ${job.id}: the run was interrupted (${state.abortReason.message})`,
@@ -298,17 +396,7 @@ export class Executor {
         }
         if (row.cancelled) throw new AkadzeError(`job ${job.id} was cancelled`);
         if (row.expired) throw new AkadzeError(`job ${job.id} has expired`);
-        const value = await fn(tx);
-        await state.writeProgressIn(tx);
-        const written = await this.#completer.writeIn(tx, {
-          id: job.id,
-          runCount: job.runCount,
-          kind: "succeeded",
-          result: null,
-        });
-        if (!written) throw new AkadzeError(`job ${job.id} is no longer owned by this run`);
-        await runTransitionHooks(this.#app.hooks.onTransition, tx, written, "running");
-        return value;
+        return await fn(tx, { flow: row.flow as string });
       });
       state.completed = true;
       return value as T;
@@ -351,6 +439,13 @@ function invalidDelay(kind: "Retry" | "Snooze", delay: unknown): Error {
 /** How a run settled: the handler's value or error, or an interrupt. */
 type Settled = { ok: true; value: unknown } | { ok: false; error: unknown } | Interrupt;
 
+/** How a run's context adds children: see {@linkcode Executor}'s `#waitForChildren`. */
+type ChildrenWait = (
+  run: RunContext,
+  steps: Record<string, FlowStep>,
+  options: { onFailure?: OnDependencyFailure },
+) => Promise<Record<string, string>>;
+
 /**
  * A run's {@linkcode JobContext}. The AbortController is made on first use of `signal`
  * (most handlers never look at it, and one per job is a measurable share of a no-op run).
@@ -368,6 +463,7 @@ class RunContext implements JobContext {
   #makeReporter: () => ProgressReporter;
   #reporter: ProgressReporter | null = null;
   #readDependencies: () => Promise<Record<string, DependencyOutcome>>;
+  #waitForChildren: ChildrenWait;
 
   constructor(
     job: JobInfo,
@@ -375,7 +471,9 @@ class RunContext implements JobContext {
     completeTx: <T>(run: RunContext, fn: (tx: TransactionSql) => Promise<T>) => Promise<T>,
     makeReporter: () => ProgressReporter,
     readDependencies: () => Promise<Record<string, DependencyOutcome>>,
+    waitForChildren: ChildrenWait,
   ) {
+    this.#waitForChildren = waitForChildren;
     this.job = job;
     this.deadline = deadline;
     this.#completeTx = completeTx;
@@ -433,6 +531,13 @@ class RunContext implements JobContext {
 
   async resultOf<R>(task: ResultSource<R>, step?: string): Promise<Awaited<R>> {
     return resultOf(await this.#readDependencies(), task, step);
+  }
+
+  waitForChildren(
+    steps: Record<string, FlowStep>,
+    options: { onFailure?: OnDependencyFailure } = {},
+  ): Promise<Record<string, string>> {
+    return this.#waitForChildren(this, steps, options);
   }
 }
 
