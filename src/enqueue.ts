@@ -381,7 +381,9 @@ async function insertRows(
     // A batch never shares a uniqueKey (enqueueJobs refuses it), so only one job can collide.
     if (inserted.length < argsList.length) {
       throw new DuplicateJob(
-        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already waiting, queued or running`,
+        `a job with uniqueKey ${
+          JSON.stringify(base.unique_key)
+        } is already waiting, queued or running`,
       );
     }
     for (const row of inserted) {
