@@ -9,7 +9,7 @@
 import { explainMissingSchema, jobsChannel, quoteSchema, type TransactionSql } from "../db.ts";
 import { JOB_STATES, type JobState } from "../job.ts";
 import { checkQueueName } from "../rules.ts";
-import { readyCondition } from "../worker/claim_rule.ts";
+import { readyCondition } from "../ready_rule.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
@@ -141,7 +141,7 @@ export async function readReadyJobs(
     `select queue, count(*)::bigint as ready,
             greatest(extract(epoch from now() - min(run_at)), 0)::float8 as lag
        from ${s}.jobs c
-      where ${readyCondition("c.queue")}
+      where ${readyCondition()}
         and ($1::text[] is null or queue = any($1::text[]))
       group by queue order by queue`,
     [queues as never],
