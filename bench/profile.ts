@@ -15,7 +15,8 @@
 //     to the same statement sent raw and a plain INSERT.
 // Writes <out>.json and <out>.md.
 import postgres from "postgres";
-import { Akadze, migrate } from "../mod.ts";
+import { Akadze } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { Completer, type Outcome } from "../src/worker/completer.ts";

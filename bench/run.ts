@@ -11,7 +11,7 @@
 //   deno task bench --scenario horizon [...]   # the pinned-horizon scenario, bench/horizon.ts
 //   deno task bench --scenario flows [...]     # dependent jobs, bench/flows.ts
 import postgres from "postgres";
-import { migrate } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";

@@ -58,7 +58,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0010_enqueue_waiting_keys", sql: enqueueWaitingKeys },
 ];
 
-/** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */
+/** Options of {@linkcode migrate}. */
 export interface MigrateOptions {
   /** The schema that holds akadze's tables. Default `"akadze"`. */
   schema?: string;
@@ -105,8 +105,6 @@ const RETRIED_CONCURRENT = new Set([...RETRIED, "42P07", "23505", "AKBUILD"]);
  *
  * @example
  * ```ts
- * import { knownVersions } from "@akadze/akadze";
- *
  * console.log(knownVersions()); // ["0001_init", ...]
  * ```
  */
@@ -126,7 +124,7 @@ export function knownVersions(): string[] {
  *
  * @example
  * ```ts ignore
- * import { migrate } from "@akadze/akadze";
+ * import { migrate } from "@akadze/akadze/admin";
  * const applied = await migrate(Deno.env.get("AKADZE_DATABASE_URL")!, {
  *   lockTimeout: 500, // ms, the default
  *   onRetry: (r) => console.error(`${r.version}: ${r.reason}; again in ${r.delay} ms`),
@@ -397,7 +395,7 @@ export interface MigrationSqlOptions {
  *
  * @example
  * ```ts
- * import { migrationSql } from "@akadze/akadze";
+ * import { migrationSql } from "@akadze/akadze/admin";
  *
  * const script = migrationSql({ schema: "akadze" });
  * console.log(script.split("\n")[0]); // "-- akadze schema "akadze": versions 0001_init, ..."
@@ -455,7 +453,6 @@ export function migrationSql(options: MigrationSqlOptions = {}): string {
  *
  * @example
  * ```ts ignore
- * import { appliedVersions } from "@akadze/akadze";
  * console.log(await appliedVersions(Deno.env.get("AKADZE_DATABASE_URL")!));
  * ```
  */
@@ -491,7 +488,7 @@ export interface MigrationStatus {
  *
  * @example
  * ```ts ignore
- * import { migrationStatus } from "@akadze/akadze";
+ * import { migrationStatus } from "@akadze/akadze/admin";
  *
  * for (const m of await migrationStatus(Deno.env.get("AKADZE_DATABASE_URL")!)) {
  *   console.log(m.version, m.state, m.appliedAt?.toISOString() ?? "-");
@@ -521,8 +518,6 @@ export async function migrationStatus(
  *
  * @example
  * ```ts ignore
- * import { pendingVersions } from "@akadze/akadze";
- *
  * const pending = await pendingVersions(Deno.env.get("AKADZE_DATABASE_URL")!);
  * if (pending.length > 0) throw new Error(`run akadze migrate (pending: ${pending})`);
  * ```

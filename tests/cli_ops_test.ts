@@ -2,7 +2,7 @@
 // schedules, each run as `deno run cli.ts …` against a real database.
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
 import { assertPromtoolAccepts, HAVE_PROMTOOL } from "./_promtool.ts";
-import { pruneJobs } from "../mod.ts";
+import { pruneJobs } from "../admin.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { migrate } from "../src/migrate.ts";
 import type { Sql } from "../src/db.ts";

@@ -44,7 +44,7 @@ import { assert, assertEquals } from "./assert.ts";
 import { extractBlocks } from "./_markdown.ts";
 import { psql, waitFor } from "./_helpers.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
-import { migrate } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { installAkadze, type InstalledAkadze, installedPath } from "./_install.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;

@@ -1,5 +1,5 @@
 // Limits enforced by the claim (SPEC §5.11), raced by several worker processes.
-import { setLimit } from "../mod.ts";
+import { setLimit } from "../admin.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { connect, type Sql } from "../src/db.ts";
 import { Claimer } from "../src/worker/claimer.ts";

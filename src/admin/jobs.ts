@@ -29,7 +29,7 @@ import { type AdminOptions, type Database, readTarget, type Session } from "./da
  *
  * @example
  * ```ts ignore
- * import { requestCancel } from "@akadze/akadze";
+ * import { requestCancel } from "@akadze/akadze/admin";
  * await app.sql.begin((tx) => requestCancel(tx, jobId));
  * ```
  */
@@ -81,7 +81,7 @@ const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null, worke
  *
  * @example
  * ```ts ignore
- * import { requeue } from "@akadze/akadze";
+ * import { requeue } from "@akadze/akadze/admin";
  * await app.sql.begin((tx) => requeue(tx, "42"));
  * ```
  */
@@ -209,7 +209,7 @@ const _summaryMatches: Same<JobSummary, FieldsOf<"summary">> = true;
  *
  * @example
  * ```ts ignore
- * import { listJobs } from "@akadze/akadze";
+ * import { listJobs } from "@akadze/akadze/admin";
  * const failed = await listJobs(app, { state: "failed", limit: 20 });
  * ```
  */
@@ -294,7 +294,7 @@ export interface BulkOptions {
  *
  * @example
  * ```ts ignore
- * import { requeueJobs } from "@akadze/akadze";
+ * import { requeueJobs } from "@akadze/akadze/admin";
  * const { requeued, skipped } = await app.sql.begin((tx) =>
  *   requeueJobs(tx, { task: "send-email", since: new Date(Date.now() - 3_600_000) })
  * );
@@ -364,7 +364,7 @@ export async function requeueJobs(
  *
  * @example
  * ```ts ignore
- * import { cancelJobs } from "@akadze/akadze";
+ * import { cancelJobs } from "@akadze/akadze/admin";
  * const marked = await app.sql.begin((tx) => cancelJobs(tx, { queue: "reports" }));
  * ```
  */
@@ -435,7 +435,7 @@ export interface GetJobOptions extends AdminOptions {
  *
  * @example
  * ```ts ignore
- * import { getJob } from "@akadze/akadze";
+ * import { getJob } from "@akadze/akadze/admin";
  * const job = await getJob(app, "42");
  * console.log(job?.state, job?.errors.at(-1)?.message);
  * ```

@@ -32,7 +32,7 @@ export interface PruneJobsOptions extends AdminOptions {
  *
  * @example
  * ```ts ignore
- * import { pruneJobs } from "@akadze/akadze";
+ * import { pruneJobs } from "@akadze/akadze/admin";
  * const deleted = await pruneJobs(app.sql, { olderThan: 86_400_000, includeFailed: true });
  * console.log(`deleted ${deleted} jobs`);
  * ```

@@ -13,13 +13,8 @@
 import { PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
 import { decodeClaimed } from "../job_columns.ts";
-import {
-  claimOrder,
-  claimReturning,
-  claimSet,
-  noLimitPredicate,
-  readyCondition,
-} from "./claim_rule.ts";
+import { claimOrder, claimReturning, claimSet, noLimitPredicate } from "./claim_rule.ts";
+import { readyCondition } from "../ready_rule.ts";
 import { type JobRow, transitionOneByOne } from "./job_row.ts";
 
 /** A claimed job: its row and its stored arguments. */

@@ -29,7 +29,8 @@ import { Scheduler } from "./scheduler.ts";
 import { Slots } from "./slots.ts";
 import { Wake } from "./wake.ts";
 import { fatalExit, type WorkerExit, type WorkerRunOptions } from "./worker_exit.ts";
-import { type MetricsServer, serveWorkerMetrics, WorkerMetrics } from "./worker_metrics.ts";
+import { type MetricsServer, serveWorkerMetrics } from "./metrics_server.ts";
+import { WorkerMetrics } from "./worker_metrics.ts";
 
 export type { WorkerExit, WorkerRunOptions } from "./worker_exit.ts";
 
