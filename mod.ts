@@ -59,14 +59,11 @@ export {
   chain,
   chord,
   type EnqueuedFlow,
-  type FlowDependency,
-  type FlowOptions,
   type FlowStep,
   group,
   type OnDependencyFailure,
-  type StepList,
 } from "./src/flow.ts";
-export { type DependencyOutcome, type ResultSource } from "./src/dependencies.ts";
+export type { DependencyOutcome } from "./src/dependencies.ts";
 export {
   type AnyTask,
   type ArgsInput,

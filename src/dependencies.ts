@@ -32,8 +32,7 @@ export interface ResultSource<R> {
   /** The task name. */
   readonly name: string;
   /** The task's handler: its return type is the result's. */
-  // deno-lint-ignore no-explicit-any
-  readonly handler: (...args: any[]) => R;
+  readonly handler: (...args: never[]) => R;
 }
 
 /**
