@@ -202,6 +202,10 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
           SLOW,
         );
         assertEquals([printed!.traceId, printed!.spanId], [ping.traceId, ping.spanId]);
+        // And so does what it logged through LogTape (the app configured contextLocalStorage).
+        const logged = worker.records().find((r) => r.message === "traced ping 1 logged");
+        assert(logged, `the handler's LogTape record in:\n${worker.stderr()}`);
+        assertEquals([logged.traceId, logged.spanId], [ping.traceId, ping.spanId]);
         worker.child.kill("SIGTERM");
         assertEquals((await worker.done()).code, 0);
       });
