@@ -31,6 +31,14 @@ interface OtlpLog {
   service: string;
 }
 
+/** An OTLP metric (the fields read here). */
+interface OtlpMetric {
+  name: string;
+  sum?: { dataPoints: { attributes: Attrs; asInt?: string; asDouble?: number }[] };
+  gauge?: { dataPoints: { attributes: Attrs; asInt?: string; asDouble?: number }[] };
+  histogram?: { dataPoints: { attributes: Attrs; count: string }[] };
+}
+
 const SERVER = 2, PRODUCER = 4, CONSUMER = 5;
 const STATUS_ERROR = 2;
 
@@ -52,6 +60,7 @@ function serviceOf(resource: { attributes?: Attrs } | undefined): string {
 function startReceiver() {
   const spans: OtlpSpan[] = [];
   const logs: OtlpLog[] = [];
+  const metrics: OtlpMetric[] = [];
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
     const body = await req.json();
     const path = new URL(req.url).pathname;
@@ -62,6 +71,10 @@ function startReceiver() {
             spans.push({ ...span, service: serviceOf(rs.resource) });
           }
         }
+      }
+    } else if (path === "/v1/metrics") {
+      for (const rm of body.resourceMetrics ?? []) {
+        for (const sm of rm.scopeMetrics ?? []) metrics.push(...(sm.metrics ?? []));
       }
     } else if (path === "/v1/logs") {
       for (const rl of body.resourceLogs ?? []) {
@@ -74,7 +87,7 @@ function startReceiver() {
     }
     return Response.json({});
   });
-  return { spans, logs, port: server.addr.port, stop: () => server.shutdown() };
+  return { spans, logs, metrics, port: server.addr.port, stop: () => server.shutdown() };
 }
 
 function freePort(): number {
@@ -84,7 +97,7 @@ function freePort(): number {
   return port;
 }
 
-Deno.test("one trace runs from an HTTP request through the enqueue to the job's run, and a retry's run links to its enqueue", async () => {
+Deno.test("one trace runs from an HTTP request through the enqueue to the job's run, and a retry's run links to its enqueue; logs carry the run's ids and the counters reach the meter", async () => {
   const receiver = startReceiver();
   try {
     await withDatabase("tracing_end_to_end", async (db) => {
@@ -100,7 +113,10 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
         const web: CliProcess = spawnDeno(["run", WEB], { ...otel("web"), PORT: String(port) }, {
           permissions: ["--allow-net", "--allow-env", "--allow-read"],
         });
-        const worker = spawnCli(["worker", APP, "--log-format", "json"], otel("worker"));
+        const worker = spawnCli(["worker", APP, "--log-format", "json"], {
+          ...otel("worker"),
+          OTEL_METRIC_EXPORT_INTERVAL: "200",
+        });
         await waitFor(() => web.stderr().includes("listening"), "the web process to listen", SLOW);
         const response = await fetch(`http://127.0.0.1:${port}/signup`, { method: "POST" });
         assertEquals(response.status, 200);
@@ -206,6 +222,34 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
         const logged = worker.records().find((r) => r.message === "traced ping 1 logged");
         assert(logged, `the handler's LogTape record in:\n${worker.stderr()}`);
         assertEquals([logged.traceId, logged.spanId], [ping.traceId, ping.spanId]);
+
+        // The worker's counters, through the meter (read at each export interval).
+        const finished = await waitFor(
+          () => {
+            const points = receiver.metrics.filter((m) => m.name === "akadze.worker.jobs.finished")
+              .flatMap((m) => m.sum?.dataPoints ?? []);
+            const value = (task: string, outcome: string) =>
+              Math.max(
+                0,
+                ...points.filter((p) =>
+                  attr(p.attributes, "task") === task && attr(p.attributes, "outcome") === outcome
+                ).map((p) => Number(p.asInt ?? p.asDouble)),
+              );
+            const seen = {
+              ping: value("traced.ping", "succeeded"),
+              retried: value("traced.flaky", "retried"),
+              flaky: value("traced.flaky", "succeeded"),
+            };
+            return seen.ping === 2 && seen.flaky === 1 ? seen : null;
+          },
+          "the worker's finished counter",
+          SLOW,
+        );
+        assertEquals(finished, { ping: 2, retried: 1, flaky: 1 });
+        const durations = receiver.metrics.filter((m) => m.name === "akadze.worker.job.duration")
+          .flatMap((m) => m.histogram?.dataPoints ?? [])
+          .filter((p) => attr(p.attributes, "task") === "traced.ping");
+        assertEquals(Math.max(...durations.map((p) => Number(p.count))), 2);
         worker.child.kill("SIGTERM");
         assertEquals((await worker.done()).code, 0);
       });

@@ -24,6 +24,7 @@ import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
+import { reportThroughMeter } from "./otel_metrics.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
@@ -252,6 +253,7 @@ export class Worker {
       onDriverError: log.logDriverError,
       onStray: (stray) => log.logStray(this.id, stray),
     });
+    const stopReporting = reportThroughMeter(this.metrics);
     log.logStarted(this.id, this.config.queues, this.config.slots);
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
@@ -284,6 +286,7 @@ export class Worker {
         metricsServer?.shutdown(),
       ]);
       this.#running = false;
+      stopReporting();
       // Thrown out of the loop: nothing below runs, so the guard goes now.
       if (!ended) removeGuard();
     }

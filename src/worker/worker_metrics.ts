@@ -6,6 +6,7 @@
  *
  * @module
  */
+import type { Histogram } from "@opentelemetry/api";
 import type { Sql } from "../db.ts";
 import { renderMetrics } from "../metrics.ts";
 import { logMetricsListening, logMetricsQueueStateFailed } from "./log_events.ts";
@@ -81,6 +82,8 @@ export class WorkerMetrics {
   #series = new Map<string, Map<string, Series>>();
   #busy: () => ReadonlyMap<string, number>;
   #queues: readonly string[];
+  /** The OpenTelemetry histogram runs are also recorded in, while one is set (otel_metrics.ts). */
+  durations: Histogram | null = null;
 
   /**
    * Make the metrics of a worker (the Worker makes its own: `worker.metrics`).
@@ -114,6 +117,24 @@ export class WorkerMetrics {
     series.buckets[i]++;
     series.sum += seconds;
     series.count++;
+    this.durations?.record(seconds, { task, queue });
+  }
+
+  /** Call `fn` with each finished count: task, queue, outcome and the count. */
+  eachFinished(
+    fn: (task: string, queue: string, outcome: FinishedOutcome, n: number) => void,
+  ): void {
+    for (const [queue, byTask] of this.#series) {
+      for (const [task, series] of byTask) {
+        OUTCOMES.forEach((outcome, i) => fn(task, queue, outcome, series.finished[i]));
+      }
+    }
+  }
+
+  /** Running jobs now, for each of the worker's queues. */
+  busyByQueue(): [string, number][] {
+    const busy = this.#busy();
+    return this.#queues.map((queue) => [queue, busy.get(queue) ?? 0]);
   }
 
   /** The metrics as Prometheus text (exposition format 0.0.4), ending in a newline. */
