@@ -81,8 +81,11 @@ export function reportThroughMeter(workerMetrics: WorkerMetrics): () => void {
   const made = meterInstruments();
   if (made === null) return () => {};
   live.add(workerMetrics);
-  workerMetrics.durations = made.duration;
+  workerMetrics.reportDurations((seconds, task, queue) => {
+    made.duration.record(seconds, { task, queue });
+  });
   return () => {
     live.delete(workerMetrics);
+    workerMetrics.reportDurations(null);
   };
 }

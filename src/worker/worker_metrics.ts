@@ -6,7 +6,6 @@
  *
  * @module
  */
-import type { Histogram } from "@opentelemetry/api";
 import type { Sql } from "../db.ts";
 import { renderMetrics } from "../metrics.ts";
 import { logMetricsListening, logMetricsQueueStateFailed } from "./log_events.ts";
@@ -82,8 +81,7 @@ export class WorkerMetrics {
   #series = new Map<string, Map<string, Series>>();
   #busy: () => ReadonlyMap<string, number>;
   #queues: readonly string[];
-  /** The OpenTelemetry histogram runs are also recorded in, while one is set (otel_metrics.ts). */
-  durations: Histogram | null = null;
+  #onDuration: ((seconds: number, task: string, queue: string) => void) | null = null;
 
   /**
    * Make the metrics of a worker (the Worker makes its own: `worker.metrics`).
@@ -117,7 +115,15 @@ export class WorkerMetrics {
     series.buckets[i]++;
     series.sum += seconds;
     series.count++;
-    this.durations?.record(seconds, { task, queue });
+    this.#onDuration?.(seconds, task, queue);
+  }
+
+  /**
+   * Also give each run's duration (seconds) to `fn` (the OpenTelemetry meter's histogram,
+   * while one is registered); null stops it.
+   */
+  reportDurations(fn: ((seconds: number, task: string, queue: string) => void) | null): void {
+    this.#onDuration = fn;
   }
 
   /** Call `fn` with each finished count: task, queue, outcome and the count. */
