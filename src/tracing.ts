@@ -40,8 +40,11 @@ let tracer: Tracer | null | undefined;
  */
 export function activeTracer(): Tracer | null {
   if (tracer === undefined) {
-    // With nothing registered, the API hands out its own proxy, whose tracers are no-ops.
-    const off = trace.getTracerProvider() instanceof ProxyTracerProvider;
+    // The API hands out its own proxy: without a delegate (a provider registered through
+    // the API) its tracers are no-ops. Deno registers its provider in the proxy's place.
+    const provider = trace.getTracerProvider();
+    const off = provider instanceof ProxyTracerProvider &&
+      provider.getDelegateTracer(TRACER_NAME) === undefined;
     tracer = off ? null : trace.getTracer(TRACER_NAME);
   }
   return tracer;
@@ -127,8 +130,8 @@ export function startRunSpan(
   job: JobInfo,
   traceContext: TraceContext | null | undefined,
 ): RunSpan {
-  const stored = traceContext?.traceparent
-    ? propagation.extract(ROOT_CONTEXT, traceContext)
+  const stored = typeof traceContext?.traceparent === "string"
+    ? propagation.extract(ROOT_CONTEXT, carrierOf(traceContext))
     : ROOT_CONTEXT;
   const remote = trace.getSpanContext(stored);
   const first = job.runCount <= 1;
@@ -151,6 +154,13 @@ export function startRunSpan(
   return { span, context: trace.setSpan(ROOT_CONTEXT, span) };
 }
 
+/** The headers of a stored trace context, strings only (the column may have been edited). */
+function carrierOf(stored: TraceContext): Record<string, string> {
+  const carrier: Record<string, string> = { traceparent: stored.traceparent };
+  if (typeof stored.tracestate === "string") carrier.tracestate = stored.tracestate;
+  return carrier;
+}
+
 /**
  * Call `fn` (the handler) inside the run's span: Deno's console records and spans made in
  * it join the run's trace, and so do LogTape records when the application configured a
@@ -169,8 +179,15 @@ export function inRunSpan<T>(run: RunSpan, fn: () => T): T {
  * job stores, if any: the stored entry, from which credentials and argument values are
  * already redacted.
  */
-export function endRunSpan(run: RunSpan, outcome: string, error?: ErrorEntry): void {
-  run.span.setAttribute("akadze.outcome", outcome);
+export function endRunSpan(
+  run: RunSpan,
+  job: JobInfo,
+  outcome: string,
+  error?: ErrorEntry,
+): void {
+  // A retry with no attempt left ends the job failed (the rule of the outcome write).
+  const last = outcome === "retry" && job.attempt + 1 >= job.maxAttempts;
+  run.span.setAttribute("akadze.outcome", last ? "fail" : outcome);
   if (error) {
     run.span.recordException({ name: error.error, message: error.message, stack: error.stack });
     run.span.setStatus({ code: SpanStatusCode.ERROR, message: error.message });

@@ -105,7 +105,7 @@ export class Executor {
       const durationMs = performance.now() - startedAt;
       // Only a failed run's outcome says how long it took (the log of its failure).
       if (outcome?.error) outcome.durationMs = Math.round(durationMs);
-      if (span) endRunSpan(span, outcome?.kind ?? "succeeded", outcome?.error);
+      if (span) endRunSpan(span, job, outcome?.kind ?? "succeeded", outcome?.error);
       // The last progress is written before the outcome (only runs that reported wait).
       const progress = ctx.finishProgress();
       if (progress === null) return onOutcome(outcome, durationMs);
