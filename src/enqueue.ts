@@ -36,6 +36,7 @@ import {
   ownOutputProblem,
   type StandardSchemaV1,
 } from "./standard_schema.ts";
+import { tracePublish } from "./tracing.ts";
 
 /** Per-enqueue options, given to `task.using(...)` (never mixed with task arguments). */
 export interface EnqueueOptions {
@@ -117,6 +118,8 @@ export interface Base {
   expires_at: string | null;
   unique_key: string | null;
   limit_key: string | null;
+  /** The W3C trace context of the enqueue's span, JSON text (tracing.ts); null when off. */
+  trace_context?: string | null;
 }
 
 /**
@@ -159,12 +162,15 @@ export async function enqueueJobs(
         "instead; nothing was enqueued",
     );
   }
-  return await explainMissingSchema(
-    host.schema,
-    () => insertRows(host, base, checked, texts, options.session),
-    EnqueueError,
-    `cannot enqueue task "${target.name}": `,
-  );
+  const publish = { task: base.task, queue: base.queue, count: checked.length };
+  return await tracePublish(publish, (traceContext) =>
+    explainMissingSchema(
+      host.schema,
+      () =>
+        insertRows(host, { ...base, trace_context: traceContext }, checked, texts, options.session),
+      EnqueueError,
+      `cannot enqueue task "${target.name}": `,
+    ));
 }
 
 /** One job checked as {@linkcode enqueueJobs} checks it: its columns and arguments' JSON. */
@@ -367,6 +373,7 @@ async function insertRows(
     base.expires_at,
     base.unique_key,
     base.limit_key,
+    base.trace_context ?? null,
   ];
   if (host.notify) params.push(jobsChannel(host.schema));
   const text = insertStatement(host, {
@@ -428,10 +435,11 @@ function insertStatement(
   if (text) return text;
   const s = quoteSchema(host.schema);
   const columns = `${s}.jobs
-        (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key)`;
+        (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key,
+         trace_context)`;
   const values = `$1::text, $2::text, $3::smallint, ARGS, $5::int,
              coalesce($6::timestamptz, now() + coalesce($7::float8, 0) * interval '1 millisecond'),
-             $8::timestamptz, $9::text, $10::text`;
+             $8::timestamptz, $9::text, $10::text, $11::text::jsonb`;
   const conflict = shape.unique
     ? `on conflict (unique_key) where state in (${
       stateList(ACTIVE_STATES)
@@ -442,7 +450,7 @@ function insertStatement(
     // One row: a plain INSERT ... VALUES, a third of the planning and execution time of the
     // CTE below; RETURNING runs the NOTIFY for the inserted row only.
     const returning = shape.full ? "id::text as id, run_at, expires_at, args" : "id::text as id";
-    const notify = host.notify ? ", pg_notify($11, $2::text) as notified" : "";
+    const notify = host.notify ? ", pg_notify($12, $2::text) as notified" : "";
     text = `insert into ${columns}
       values (${values.replace("ARGS", "$4::text::jsonb")})
       ${conflict}
@@ -453,7 +461,7 @@ function insertStatement(
       ? "ins.id::text as id, ins.run_at, ins.expires_at, ins.args"
       : "ins.id::text as id";
     // An init plan runs once, and not at all when nothing was inserted.
-    const notify = host.notify ? ", (select pg_notify($11, $2::text)) as notified" : "";
+    const notify = host.notify ? ", (select pg_notify($12, $2::text)) as notified" : "";
     text = `
     with ins as (
       insert into ${columns}

@@ -14,6 +14,7 @@ import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "
 import flows from "../migrations/0008_flows.sql" with { type: "text" };
 import flowIndexes from "../migrations/0009_flow_indexes.sql" with { type: "text" };
 import enqueueWaitingKeys from "../migrations/0010_enqueue_waiting_keys.sql" with { type: "text" };
+import traceContext from "../migrations/0011_trace_context.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -56,6 +57,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0008_flows", sql: flows },
   { version: "0009_flow_indexes", sql: flowIndexes },
   { version: "0010_enqueue_waiting_keys", sql: enqueueWaitingKeys },
+  { version: "0011_trace_context", sql: traceContext },
 ];
 
 /** Options of {@linkcode migrate}. */

@@ -505,6 +505,14 @@ const PAGES: Page[] = [
   { file: "docs/flows.md", start: "after getting started", ignored: {} },
   { file: "docs/metrics.md", start: "after getting started", ignored: {} },
   {
+    file: "docs/observability.md",
+    start: "after getting started",
+    ignored: {
+      "OTEL_DENO=true OTEL_SERVICE_NAME=worker OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.internal:4318 \\":
+        "the user's own collector",
+    },
+  },
+  {
     file: "docs/operating.md",
     start: "after getting started",
     ignored: {

@@ -16,11 +16,14 @@ import { decodeClaimed } from "../job_columns.ts";
 import { claimOrder, claimReturning, claimSet, noLimitPredicate } from "./claim_rule.ts";
 import { readyCondition } from "../ready_rule.ts";
 import { type JobRow, transitionOneByOne } from "./job_row.ts";
+import type { TraceContext } from "../tracing.ts";
 
 /** A claimed job: its row and its stored arguments. */
 export interface ClaimedJob extends JobRow {
   /** The stored arguments. */
   args: unknown;
+  /** The enqueue's trace context: read after the claim, only when tracing is on (tracing.ts). */
+  trace_context?: TraceContext;
 }
 
 /** Free slots of one queue. */

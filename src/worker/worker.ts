@@ -12,6 +12,7 @@
 import type { Akadze } from "../app.ts";
 import { describeError, isTransientError } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
+import { activeTracer, readTraceContexts } from "../tracing.ts";
 import { LoopConnection } from "../loop_connection.ts";
 import { BatchCompleter } from "./batch_completer.ts";
 import { Canceller } from "./canceller.ts";
@@ -23,6 +24,7 @@ import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
+import { reportThroughMeter } from "./otel_metrics.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
@@ -252,6 +254,7 @@ export class Worker {
       onDriverError: log.logDriverError,
       onStray: (stray) => log.logStray(this.id, stray),
     });
+    const stopReporting = reportThroughMeter(this.metrics);
     log.logStarted(this.id, this.config.queues, this.config.slots);
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
@@ -284,6 +287,7 @@ export class Worker {
         metricsServer?.shutdown(),
       ]);
       this.#running = false;
+      stopReporting();
       // Thrown out of the loop: nothing below runs, so the guard goes now.
       if (!ended) removeGuard();
     }
@@ -382,6 +386,7 @@ export class Worker {
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
     const { claimed } = await this.#claimer.claim(requests, total, this.#offset++);
+    if (claimed.length > 0 && activeTracer() !== null) await this.#readTraceContexts(claimed);
     if (this.#loopLeft) {
       // A claim that comes back after the run gave up on its loop: the lease is lost, so
       // nothing may start; put the jobs back (fenced, no attempt spent) if the database lets us.
@@ -394,6 +399,23 @@ export class Worker {
     for (const row of claimed) this.#slots.start(row);
     this.#starting = [];
     return [claimed.length === total, claimed.length === 0];
+  }
+
+  /**
+   * Tracing only: add each claimed job's stored trace context, so that its run joins the
+   * enqueue's trace. A failed read leaves the runs without (they start traces of their own).
+   */
+  async #readTraceContexts(claimed: ClaimedJob[]): Promise<void> {
+    try {
+      const contexts = await readTraceContexts(
+        this.#connection.sql,
+        this.#app.schema,
+        claimed.map((r) => r.id),
+      );
+      for (const row of claimed) row.trace_context = contexts.get(row.id);
+    } catch (error) {
+      log.logTraceContextsFailed(error);
+    }
   }
 
   /** Graceful drain: wait for running jobs, then put the rest back without spending attempts. */

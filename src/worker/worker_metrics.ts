@@ -78,6 +78,7 @@ export class WorkerMetrics {
   #series = new Map<string, Map<string, Series>>();
   #busy: () => ReadonlyMap<string, number>;
   #queues: readonly string[];
+  #onDuration: ((seconds: number, task: string, queue: string) => void) | null = null;
 
   /**
    * Make the metrics of a worker (the Worker makes its own: `worker.metrics`).
@@ -111,6 +112,32 @@ export class WorkerMetrics {
     series.buckets[i]++;
     series.sum += seconds;
     series.count++;
+    this.#onDuration?.(seconds, task, queue);
+  }
+
+  /**
+   * Also give each run's duration (seconds) to `fn` (the OpenTelemetry meter's histogram,
+   * while one is registered); null stops it.
+   */
+  reportDurations(fn: ((seconds: number, task: string, queue: string) => void) | null): void {
+    this.#onDuration = fn;
+  }
+
+  /** Call `fn` with each finished count: task, queue, outcome and the count. */
+  eachFinished(
+    fn: (task: string, queue: string, outcome: FinishedOutcome, n: number) => void,
+  ): void {
+    for (const [queue, byTask] of this.#series) {
+      for (const [task, series] of byTask) {
+        OUTCOMES.forEach((outcome, i) => fn(task, queue, outcome, series.finished[i]));
+      }
+    }
+  }
+
+  /** Running jobs now, for each of the worker's queues. */
+  busyByQueue(): [string, number][] {
+    const busy = this.#busy();
+    return this.#queues.map((queue) => [queue, busy.get(queue) ?? 0]);
   }
 
   /** The metrics as Prometheus text (exposition format 0.0.4), ending in a newline. */
