@@ -465,12 +465,37 @@ function insertStatement(
     text = `
     with ins as (
       insert into ${columns}
-      select ${values.replace("ARGS", "x.args")}
-        from jsonb_array_elements($4::text::jsonb) with ordinality as x(args, i) order by x.i
+      select ${bulkColumns("k", "x.args")}
+        from ${bulkShared(s)} k
+       cross join jsonb_array_elements($4::text::jsonb) with ordinality as x(args, i)
+       order by x.i
       ${conflict}
       returning ${returning})
     select ${selected}${notify} from ins order by ins.id`;
   }
   statements.set(cacheKey, text);
   return text;
+}
+
+/**
+ * The values every row of a batch shares, computed once (`offset 0` keeps the subquery from
+ * being pulled up into the per-row plan) and already of the columns' domain types: a domain
+ * value assigned to its column is not checked again, so the domains' checks (the queue name's
+ * pattern, the key lengths) run once per batch, not once per row, about a third of the bulk
+ * INSERT's time in PostgreSQL. The same checks on the same values: nothing else changes.
+ */
+function bulkShared(s: string): string {
+  return `(select $1::text::${s}.task_name as task, $2::text::${s}.queue_name as queue,
+                $3::smallint as priority, $5::int as max_attempts,
+                coalesce($6::timestamptz,
+                         now() + coalesce($7::float8, 0) * interval '1 millisecond') as run_at,
+                $8::timestamptz as expires_at, $9::text::${s}.job_key as unique_key,
+                $10::text::${s}.job_key as limit_key
+           offset 0)`;
+}
+
+/** The bulk INSERT's select list: the shared values of `k`, the arguments `args`. */
+function bulkColumns(k: string, args: string): string {
+  return `${k}.task, ${k}.queue, ${k}.priority, ${args}, ${k}.max_attempts, ${k}.run_at,
+             ${k}.expires_at, ${k}.unique_key, ${k}.limit_key`;
 }

@@ -10,7 +10,7 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError } from "../db.ts";
+import { describeError, isTransientError, jobsChannel } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { activeTracer, readTraceContexts } from "../tracing.ts";
 import { LoopConnection } from "../loop_connection.ts";
@@ -132,6 +132,14 @@ export class Worker {
       onUnwritten: () => this.#heartbeat.orphansMayExist(),
       onSettled: () => {
         if (this.#slots.writeRoom() === 1 || config.batch) this.#wake.up();
+      },
+      // A key at its maxRunning has room again: claim now rather than at the next poll; and
+      // where this worker has no free slot, tell the others, whose claim may take it.
+      onLimitFreed: (queues) => {
+        this.#claimer.limitFreed();
+        this.#wake.up();
+        const full = queues.filter((q) => this.#slots.isFull(q));
+        if (app.notify && full.length > 0) this.#notifyLimitFreed(full);
       },
     });
     this.#blocks = new LoopBlocks({
@@ -351,6 +359,17 @@ export class Worker {
       await this.#wake.sleep(Math.min(poll, this.#heartbeat.nextBeat - performance.now()));
     }
     return { code: 0, reason: "stopped" };
+  }
+
+  /**
+   * Wake the workers of `queues` (as an enqueue does): a limit key there has room again. On
+   * the pool, after the outcome's commit, so that a woken claim counts it. A failure only
+   * costs them their next poll.
+   */
+  #notifyLimitFreed(queues: string[]): void {
+    const channel = jobsChannel(this.#app.schema);
+    this.#app.sql.unsafe("select pg_notify($1, $2)", [channel, queues.join(",")])
+      .catch(() => {});
   }
 
   /** Heartbeat when due; returns an exit when the lease is lost or the error is fatal. */
