@@ -16,7 +16,7 @@
 //       [--out FILE.json]
 //   deno task bench --scenario limits --smoke   # small, this checkout, writes nothing
 import postgres from "postgres";
-import { migrate } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { jobsChannel } from "../src/db.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { LimitsWorkerSpec } from "./akadze/limits_worker.ts";

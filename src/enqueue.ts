@@ -490,12 +490,12 @@ function bulkShared(s: string): string {
                 coalesce($6::timestamptz,
                          now() + coalesce($7::float8, 0) * interval '1 millisecond') as run_at,
                 $8::timestamptz as expires_at, $9::text::${s}.job_key as unique_key,
-                $10::text::${s}.job_key as limit_key
+                $10::text::${s}.job_key as limit_key, $11::text::jsonb as trace_context
            offset 0)`;
 }
 
 /** The bulk INSERT's select list: the shared values of `k`, the arguments `args`. */
 function bulkColumns(k: string, args: string): string {
   return `${k}.task, ${k}.queue, ${k}.priority, ${args}, ${k}.max_attempts, ${k}.run_at,
-             ${k}.expires_at, ${k}.unique_key, ${k}.limit_key`;
+             ${k}.expires_at, ${k}.unique_key, ${k}.limit_key, ${k}.trace_context`;
 }
