@@ -135,6 +135,7 @@ export type { AdminOptions, Database, Session } from "./src/admin/database.ts";
 export {
   type BulkOptions,
   cancelJobs,
+  type FlowStepSummary,
   getJob,
   type GetJobOptions,
   type JobDetail,
