@@ -238,6 +238,8 @@ Deno.test("jobs list: tab-separated rows in queue order or newest first, filters
       "limitKey",
       "expiresAt",
       "cancelRequested",
+      "flowId",
+      "step",
     ]);
     assertEquals(
       [jobs[1].id, jobs[1].task, jobs[1].priority, jobs[1].uniqueKey, jobs[1].cancelRequested],
@@ -368,7 +370,10 @@ Deno.test("jobs requeue and cancel by filters: --dry-run counts, then the change
         [["jobs", "cancel", "--dry-run"], /missing ID or a filter/],
         [["jobs", "requeue", x1, "--task", "x"], /a job ID or filters, not both/],
         [["jobs", "requeue", "--state", "queued"], /--state must be failed, got "queued"/],
-        [["jobs", "cancel", "--state", "failed"], /--state must be one of queued, running/],
+        [
+          ["jobs", "cancel", "--state", "failed"],
+          /--state must be one of waiting, queued, running/,
+        ],
         [["jobs", "cancel", x1, "--dry-run"], /--dry-run goes with filters/],
       ] as [string[], RegExp][]
     ) {
@@ -558,6 +563,7 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
     assertEquals(rows[0], [
       "QUEUE",
       "PAUSED",
+      "WAITING",
       "QUEUED",
       "READY",
       "RUNNING",
@@ -566,18 +572,19 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
       "CANCELLED",
       "LAG_SECONDS",
     ]);
-    assertEquals(rows.slice(1).map((r) => r.slice(0, 8)), [
-      ["default", "false", "1", "1", "0", "0", "0", "0"],
-      ["idle", "true", "0", "0", "0", "0", "0", "0"],
-      ["mail", "true", "2", "1", "0", "0", "1", "0"],
+    assertEquals(rows.slice(1).map((r) => r.slice(0, 9)), [
+      ["default", "false", "0", "1", "1", "0", "0", "0", "0"],
+      ["idle", "true", "0", "0", "0", "0", "0", "0", "0"],
+      ["mail", "true", "0", "2", "1", "0", "0", "1", "0"],
     ]);
-    assert(Number(rows[3][8]) >= 9.5 && Number(rows[3][8]) < 120, rows[3][8]);
-    assertEquals(rows[2][8], "0");
+    assert(Number(rows[3][9]) >= 9.5 && Number(rows[3][9]) < 120, rows[3][9]);
+    assertEquals(rows[2][9], "0");
 
     const json = JSON.parse((await runCli(["queues", "list", "--json"], env)).stdout);
     assertEquals(Object.keys(json[2]), [
       "queue",
       "paused",
+      "waiting",
       "queued",
       "ready",
       "running",
