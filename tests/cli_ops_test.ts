@@ -121,7 +121,7 @@ Deno.test("usage errors exit 2 with one line, before touching the database", asy
     [["jobs", "show", "0"], /positive decimal integer/],
     [["jobs", "requeue", "99999999999999999999"], /positive decimal integer/],
     [["jobs", "cancel", "1", "2"], /unexpected argument "2"/],
-    [["jobs", "list", "--state", "done"], /--state must be one of queued, running/],
+    [["jobs", "list", "--state", "done"], /--state must be one of waiting, queued, running/],
     [["jobs", "list", "--limit", "0"], /--limit must be an integer from 1 to 1000/],
     [["jobs", "list", "--limit", "1001"], /--limit/],
     [["jobs", "list", "--limit", "ten"], /--limit/],
@@ -543,6 +543,14 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
     await insertJob(sql, { task: "t", queue: "mail", run_at: new Date(Date.now() + 3_600_000) });
     await finishedJob(sql, "failed", "1 minute", { queue: "mail" });
     await insertJob(sql, { task: "t", queue: "default" });
+    // A step waiting for its dependencies: counted as waiting, not ready, no lag.
+    await insertJob(sql, {
+      task: "t",
+      queue: "default",
+      state: "waiting",
+      pending_deps: 1,
+      run_at: new Date(Date.now() - 3_600_000),
+    });
 
     const pause = await runCli(["queues", "pause", "mail"], env);
     assertEquals([pause.code, pause.stdout, pause.stderr], [0, "paused queue mail\n", ""]);
@@ -573,12 +581,13 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
       "LAG_SECONDS",
     ]);
     assertEquals(rows.slice(1).map((r) => r.slice(0, 9)), [
-      ["default", "false", "0", "1", "1", "0", "0", "0", "0"],
+      ["default", "false", "1", "1", "1", "0", "0", "0", "0"],
       ["idle", "true", "0", "0", "0", "0", "0", "0", "0"],
       ["mail", "true", "0", "2", "1", "0", "0", "1", "0"],
     ]);
     assert(Number(rows[3][9]) >= 9.5 && Number(rows[3][9]) < 120, rows[3][9]);
     assertEquals(rows[2][9], "0");
+    assert(Number(rows[1][9]) < 60, `the waiting job adds no lag: ${rows[1][9]}`);
 
     const json = JSON.parse((await runCli(["queues", "list", "--json"], env)).stdout);
     assertEquals(Object.keys(json[2]), [

@@ -217,9 +217,11 @@ Deno.test("akadze health on the database: lag and ready thresholds per queue", a
         ('t', 'default', now() - interval '5 seconds'),
         ('t', 'mail', now() - interval '10 seconds'),
         ('t', 'mail', now() + interval '1 hour')`;
-    // Running and finished jobs are not ready.
+    // Running and finished jobs are not ready, nor are steps waiting for their dependencies.
     await sql`insert into akadze.jobs (task, queue, state, worker_id, run_at)
               values ('t', 'mail', 'running', 'w', now() - interval '1 hour')`;
+    await sql`insert into akadze.jobs (task, queue, state, run_at, pending_deps)
+              values ('t', 'default', 'waiting', now() - interval '1 hour', 1)`;
     const ok = await health(["--max-lag", "300", "--max-ready", "2"], env);
     assertEquals(ok.code, 0, ok.stderr);
     assertMatch(ok.stdout, /^ok: .* 3 ready jobs, oldest waited 12\d\.\d s\n$/);
