@@ -31,6 +31,7 @@ export interface DependencyOutcome {
 export interface ResultSource<R> {
   /** The task name. */
   readonly name: string;
+  /** The task's handler: only its result type is used. */
   // deno-lint-ignore no-explicit-any
   readonly handler: (...args: any[]) => R;
 }
