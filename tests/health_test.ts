@@ -30,7 +30,8 @@ Deno.test("checkHeartbeatFiles: fresh, stale and missing files, one line naming 
     const fresh = await checkHeartbeatFiles([`${dir}/a`, `${dir}/b`], 5_000, now);
     assertEquals(fresh.ok, true);
     assertMatch(fresh.line, /^2 heartbeat files fresh \(oldest \d+(\.\d)? s old, max 5 s\)$/);
-    await Deno.utime(`${dir}/b`, MINUTE_AGO(), MINUTE_AGO());
+    // A minute before `now`, the instant the check measures from (not the clock, which ran on).
+    await Deno.utime(`${dir}/b`, new Date(now - 60_000), new Date(now - 60_000));
     const stale = await checkHeartbeatFiles([`${dir}/a`, `${dir}/b`, `${dir}/c`], 5_000, now);
     assertEquals(stale.ok, false);
     assertMatch(
@@ -58,7 +59,8 @@ Deno.test("akadze health --heartbeat-file: exit 0 fresh, 1 stale or missing, wit
     assertMatch(stale.stderr, ONE_LINE);
     assertMatch(
       stale.stderr,
-      new RegExp(`^unhealthy: ${dir}/hb is stale \\(60(\\.\\d)? s old, max 30 s\\)`),
+      // A minute, plus however long the command took to start.
+      new RegExp(`^unhealthy: ${dir}/hb is stale \\(6\\d(\\.\\d)? s old, max 30 s\\)`),
     );
     assertEquals((await probe(["--heartbeat-file", `${dir}/hb`, "--max-age", "90"])).code, 0);
     // With --processes 2: PATH.supervisor, PATH.0 and PATH.1.
