@@ -305,10 +305,10 @@ export interface BulkOptions {
  * each as {@linkcode requeue} does it (attempts, errors and arguments kept, one more attempt
  * when the budget was spent). With `flow`, the failed steps of that flow: the steps their
  * failure cancelled wait again, and run when they succeed. A `state` other than `failed`
- * is an `AkadzeError`. A job whose
- * `uniqueKey` is held by a queued or running job stays failed and is reported in
- * `skipped` (of several matching jobs with one key, the newest is requeued): one conflict
- * does not stop the others. An empty filter takes every failed job.
+ * is an `AkadzeError`. A job whose `uniqueKey` is held by a waiting, queued or running job
+ * stays failed and is reported in `skipped` (of several matching jobs with one key, the
+ * newest is requeued): one conflict does not stop the others. An empty filter takes every
+ * failed job.
  *
  * @example
  * ```ts ignore
