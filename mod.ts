@@ -82,7 +82,7 @@ export type { StandardSchemaV1 } from "./src/standard_schema.ts";
 
 // Awaiting a job's result.
 export type { WaitOptions } from "./src/wait.ts";
-export type { JobDetail } from "./src/admin/jobs.ts";
+export type { FlowStepSummary, JobDetail } from "./src/admin/jobs.ts";
 
 // Schedules.
 export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";

@@ -15,6 +15,7 @@ import flows from "../migrations/0008_flows.sql" with { type: "text" };
 import flowIndexes from "../migrations/0009_flow_indexes.sql" with { type: "text" };
 import enqueueWaitingKeys from "../migrations/0010_enqueue_waiting_keys.sql" with { type: "text" };
 import traceContext from "../migrations/0011_trace_context.sql" with { type: "text" };
+import flowOps from "../migrations/0012_flow_ops.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -58,6 +59,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0009_flow_indexes", sql: flowIndexes },
   { version: "0010_enqueue_waiting_keys", sql: enqueueWaitingKeys },
   { version: "0011_trace_context", sql: traceContext },
+  { version: "0012_flow_ops", sql: flowOps },
 ];
 
 /** Options of {@linkcode migrate}. */

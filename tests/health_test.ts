@@ -40,7 +40,8 @@ Deno.test("checkHeartbeatFiles: fresh, stale and missing files, one line naming 
     const fresh = await checkHeartbeatFiles([`${dir}/a`, `${dir}/b`], 5_000, now);
     assertEquals(fresh.ok, true);
     assertMatch(fresh.line, /^2 heartbeat files fresh \(oldest \d+(\.\d)? s old, max 5 s\)$/);
-    await Deno.utime(`${dir}/b`, MINUTE_AGO(), MINUTE_AGO());
+    // A minute before `now`, the instant the check measures from (not the clock, which ran on).
+    await Deno.utime(`${dir}/b`, new Date(now - 60_000), new Date(now - 60_000));
     const stale = await checkHeartbeatFiles([`${dir}/a`, `${dir}/b`, `${dir}/c`], 5_000, now);
     assertEquals(stale.ok, false);
     assertMatch(
@@ -228,9 +229,11 @@ Deno.test("akadze health on the database: lag and ready thresholds per queue", a
         ('t', 'default', now() - interval '5 seconds'),
         ('t', 'mail', now() - interval '10 seconds'),
         ('t', 'mail', now() + interval '1 hour')`;
-    // Running and finished jobs are not ready.
+    // Running and finished jobs are not ready, nor are steps waiting for their dependencies.
     await sql`insert into akadze.jobs (task, queue, state, worker_id, run_at)
               values ('t', 'mail', 'running', 'w', now() - interval '1 hour')`;
+    await sql`insert into akadze.jobs (task, queue, state, run_at, pending_deps)
+              values ('t', 'default', 'waiting', now() - interval '1 hour', 1)`;
     const ok = await health(["--max-lag", "300", "--max-ready", "2"], env);
     assertEquals(ok.code, 0, ok.stderr);
     assertAge(ok.stdout, /^ok: .* 3 ready jobs, oldest waited (\d+\.\d) s\n$/, 120);

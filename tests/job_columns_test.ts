@@ -97,7 +97,7 @@ Deno.test("every read of job_columns.ts selects columns the jobs table has", asy
          where attrelid = 'akadze.jobs'::regclass and attnum > 0 and not attisdropped`)
         .map((r) => r.attname as string),
     );
-    for (const read of ["claim", "row", "info", "summary", "detail"] as const) {
+    for (const read of ["claim", "row", "info", "summary", "detail", "step"] as const) {
       for (const c of columnsOf(read)) {
         if (c.sql) continue;
         assert(columns.has(c.name), `${read} reads ${c.name}, which akadze.jobs does not have`);
