@@ -65,7 +65,8 @@ export interface EnqueueOptions {
   queue?: string;
 }
 
-const OPTION_NAMES = new Set([
+/** The names of {@linkcode EnqueueOptions}, in their order. */
+export const OPTION_NAMES: ReadonlySet<string> = new Set([
   "session",
   "delay",
   "runAt",

@@ -22,6 +22,7 @@ import {
   type EnqueueHost,
   type EnqueueOptions,
   type EnqueueTarget,
+  OPTION_NAMES,
 } from "./enqueue.ts";
 import { DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob } from "./job.ts";
@@ -93,18 +94,12 @@ export interface FlowHost extends EnqueueHost {
   taskNamed(name: string): EnqueueTarget | undefined;
 }
 
+/** A step's keys: its task, arguments and dependencies, and an enqueue's options. */
 const STEP_KEYS = new Set([
   "task",
   "args",
   "dependsOn",
-  "delay",
-  "runAt",
-  "priority",
-  "maxAttempts",
-  "uniqueKey",
-  "limitKey",
-  "expiresAt",
-  "queue",
+  ...[...OPTION_NAMES].filter((name) => name !== "session"),
 ]);
 
 /** A step checked, in the shape the SQL function takes. */

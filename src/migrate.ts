@@ -13,9 +13,8 @@ import sqlArgsSize from "../migrations/0006_sql_args_size.sql" with { type: "tex
 import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "text" };
 import flows from "../migrations/0008_flows.sql" with { type: "text" };
 import flowIndexes from "../migrations/0009_flow_indexes.sql" with { type: "text" };
-import enqueueWaitingKeys from "../migrations/0010_enqueue_waiting_keys.sql" with { type: "text" };
-import traceContext from "../migrations/0011_trace_context.sql" with { type: "text" };
-import flowOps from "../migrations/0012_flow_ops.sql" with { type: "text" };
+import traceContext from "../migrations/0010_trace_context.sql" with { type: "text" };
+import flowOps from "../migrations/0011_flow_ops.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -57,9 +56,8 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0007_await_progress", sql: awaitProgress },
   { version: "0008_flows", sql: flows },
   { version: "0009_flow_indexes", sql: flowIndexes },
-  { version: "0010_enqueue_waiting_keys", sql: enqueueWaitingKeys },
-  { version: "0011_trace_context", sql: traceContext },
-  { version: "0012_flow_ops", sql: flowOps },
+  { version: "0010_trace_context", sql: traceContext },
+  { version: "0011_flow_ops", sql: flowOps },
 ];
 
 /** Options of {@linkcode migrate}. */

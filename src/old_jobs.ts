@@ -4,7 +4,7 @@
  * through them: the plain statement takes the jobs outside flows that no job depends on
  * (planned as before flows: they pay nothing for them), the linked one the rest, a flow as
  * a whole and never a job that a live job still needs (`prune_linked_jobs`,
- * migrations/0010_flow_ops.sql).
+ * migrations/0011_flow_ops.sql).
  *
  * @module
  */

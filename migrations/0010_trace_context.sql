@@ -1,8 +1,20 @@
--- akadze schema, version 0010: SQL enqueue finds a unique key held by a waiting job (a flow's
--- step) by the index of 0009. "{{schema}}" is replaced by the quoted schema name. Otherwise
--- enqueue_many is 0006's (enqueue calls it): the ON CONFLICT target names the states of that
--- index, and a duplicate's error names it.
+-- akadze schema, version 0010: the trace context of a job. "{{schema}}" is replaced by the
+-- quoted schema name.
+--
+-- `trace_context` holds the W3C trace context of the enqueue ({"traceparent": ...,
+-- "tracestate": ...}) when tracing is on (src/tracing.ts), else NULL; the worker makes each
+-- run's span a child of (first run) or linked to (later runs) that context. Added without a
+-- rewrite (a NULL).
+ALTER TABLE {{schema}}.jobs ADD COLUMN trace_context jsonb;
 
+-- SQL enqueue joins the caller's trace: a transaction that did
+--   SET LOCAL akadze.traceparent = '00-<trace id>-<span id>-<flags>'
+-- (and optionally akadze.tracestate) stores that context with its jobs, so a job made by a
+-- trigger belongs to the request that caused it. A value that is not a W3C traceparent is
+-- ignored (the job starts a trace of its own), as the W3C rule says, rather than refusing
+-- the enqueue. Its ON CONFLICT names the states of 0009's unique index (a waiting step holds
+-- its key too), and a duplicate's error that index. Otherwise enqueue_many is 0006's;
+-- enqueue calls it.
 CREATE OR REPLACE FUNCTION {{schema}}.enqueue_many(
   task text,
   args_list jsonb,
@@ -32,6 +44,8 @@ DECLARE
   v_bytes integer;
   v_wanted integer;
   v_inserted integer;
+  v_traceparent CONSTANT text := current_setting('akadze.traceparent', true);
+  v_trace_context jsonb;
 BEGIN
   IF v_priority NOT BETWEEN -32768 AND 32767 THEN
     RAISE EXCEPTION 'priority must be an integer from -32768 to 32767, got %', v_priority
@@ -62,6 +76,10 @@ BEGIN
         v_index, to_json(enqueue_many.task)::text, v_bytes, v_max
       USING ERRCODE = 'program_limit_exceeded';
   END IF;
+  IF v_traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+    v_trace_context := jsonb_strip_nulls(jsonb_build_object('traceparent', v_traceparent,
+      'tracestate', nullif(current_setting('akadze.tracestate', true), '')));
+  END IF;
   v_wanted := jsonb_array_length(args_list);
   -- Each job after the first would find the key held by the first (enqueueMany refuses it too).
   IF enqueue_many.unique_key IS NOT NULL AND v_wanted > 1 THEN
@@ -74,10 +92,11 @@ BEGIN
   RETURN QUERY
   WITH ins AS (
     INSERT INTO {{schema}}.jobs
-      (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key)
+      (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key,
+       trace_context)
     SELECT enqueue_many.task, v_queue, v_priority::smallint, x.args, v_max_attempts,
            coalesce(enqueue_many.run_at, now()), enqueue_many.expires_at,
-           enqueue_many.unique_key, enqueue_many.limit_key
+           enqueue_many.unique_key, enqueue_many.limit_key, v_trace_context
       FROM jsonb_array_elements(args_list) WITH ORDINALITY AS x(args, i)
      ORDER BY x.i
     ON CONFLICT (unique_key) WHERE state IN ('waiting', 'queued', 'running') AND unique_key IS NOT NULL

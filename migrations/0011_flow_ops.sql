@@ -1,4 +1,4 @@
--- akadze schema, version 0012: retention of flows. "{{schema}}" is replaced by the quoted
+-- akadze schema, version 0011: retention of flows. "{{schema}}" is replaced by the quoted
 -- schema name.
 --
 -- The pruner deletes jobs outside flows that no job depends on with its plain statement
