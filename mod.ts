@@ -93,7 +93,7 @@ export {
 export type { EnqueueOptions } from "./src/enqueue.ts";
 export type { NodePostgresClient } from "./src/node_postgres.ts";
 export { current, type JobContext } from "./src/context.ts";
-export type { SandboxContext, SandboxHandler, SandboxOptions } from "./src/sandbox.ts";
+export type { SandboxContext, SandboxHandler, SandboxOptions, SandboxSpec } from "./src/sandbox.ts";
 export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
 export {
   ACTIVE_STATES,
