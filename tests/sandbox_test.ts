@@ -150,11 +150,15 @@ Deno.test("requestCancel of a running sandboxed busy loop ends it cancelled; the
   });
 });
 
-Deno.test("Deno.exit(3), a throw and an uncaught error inside the sandbox fail only their own job, with an error that says so", async () => {
+Deno.test("Deno.exit(3), process.exit(4), a throw and an uncaught error inside the sandbox fail only their own job, with an error that says so", async () => {
   await withTempDir(async (dir) => {
     await withApp("sandbox_crashes", async (app, sql) => {
       const once = { maxAttempts: 1 };
       const exit = app.task("exit", { ...once, sandbox: { module: HANDLERS, export: "exit" } });
+      const nodeExit = app.task("node_exit", {
+        ...once,
+        sandbox: { module: HANDLERS, export: "nodeExit" },
+      });
       const boom = app.task("boom", { ...once, sandbox: { module: HANDLERS, export: "boom" } });
       const later = app.task("later", {
         ...once,
@@ -174,11 +178,23 @@ Deno.test("Deno.exit(3), a throw and an uncaught error inside the sandbox fail o
         const safe = await bystander.enqueue({ release });
         await waitForJob(sql, safe, (r) => r.state === "running");
         const loopJob = await loopTask.enqueue();
-        const ids = [await exit.enqueue(), await boom.enqueue(), await later.enqueue()];
-        for (const id of ids) await waitForJob(sql, id, ended);
-        const [e, b, l] = await Promise.all(ids.map((id) => row(sql, id)));
+        const ids = [
+          await exit.enqueue(),
+          await boom.enqueue(),
+          await later.enqueue(),
+          await nodeExit.enqueue(),
+        ];
+        for (const id of ids) {
+          await waitForJob(sql, id, ended).catch(async (err) => {
+            console.log(id, await row(sql, id));
+            throw err;
+          });
+        }
+        const [e, b, l, n] = await Promise.all(ids.map((id) => row(sql, id)));
         assertEquals([e.state, e.errors![0].error], ["failed", "SandboxCrashed"]);
-        assertMatch(e.errors![0].message, /Deno\.exit\(3\)/);
+        assertMatch(e.errors![0].message, /exited its thread with code 3 \(Deno\.exit\(3\)\)/);
+        assertEquals([n.state, n.errors![0].error], ["failed", "SandboxCrashed"]);
+        assertMatch(n.errors![0].message, /exited its thread with code 4/);
         assertEquals([b.state, b.errors![0].error, b.errors![0].message], [
           "failed",
           "Error",

@@ -72,7 +72,11 @@ class Thread {
     this.worker.onmessage = (event: MessageEvent<ThreadMessage>) => {
       const message = event.data;
       if (message.type === "exit") {
-        die(crashed(`the handler called Deno.exit(${message.code})`));
+        die(crashed(
+          message.close
+            ? "the handler closed its thread (close())"
+            : `the handler exited its thread with code ${message.code} (Deno.exit(${message.code}))`,
+        ));
       } else this.listener?.message(message);
     };
     this.worker.onerror = (event) => {
@@ -114,7 +118,7 @@ export class SandboxPool {
     this.#entry = "data:application/javascript," + encodeURIComponent(
       `import { serve } from ${JSON.stringify(THREAD_MODULE)};\n` +
         `import * as handlers from ${JSON.stringify(spec.module)};\n` +
-        `serve(handlers, ${JSON.stringify(spec.export)});\n`,
+        "serve(handlers);\n",
     );
   }
 
@@ -170,7 +174,13 @@ export class SandboxPool {
       signal.addEventListener("abort", onAbort, { once: true });
       const { args, job, deadline } = request;
       try {
-        thread.post({ type: "run", args, job, deadline: deadline?.getTime() ?? null });
+        thread.post({
+          type: "run",
+          export: this.#spec.export,
+          args,
+          job,
+          deadline: deadline?.getTime() ?? null,
+        });
       } catch (error) {
         end(true);
         reject(error);

@@ -2,7 +2,8 @@
  * The inside of a sandbox thread (a Web Worker): runs one job at a time with the handler
  * the sandbox module exports, and reports progress, the result or the error to the main
  * worker (sandbox_pool.ts). The thread's entry imports this module first, then the
- * handler's module, then calls {@linkcode serve}.
+ * handler's module, then calls {@linkcode serve}. The entry is the same for every task of
+ * a module (loaded, and type-checked under `deno test`, once).
  *
  * @module
  */
@@ -15,6 +16,8 @@ import { progressText } from "../rules.ts";
 export interface RunMessage {
   /** The message kind. */
   type: "run";
+  /** The name of the handler's export. */
+  export: string;
   /** The validated arguments. */
   args: unknown;
   /** The job. */
@@ -50,7 +53,7 @@ export type ThreadMessage =
   | { type: "progress"; value: unknown }
   | { type: "done"; ok: true; value: unknown }
   | { type: "done"; ok: false; error: SentError }
-  | { type: "exit"; code: number };
+  | { type: "exit"; code: number; close?: boolean };
 
 /** An error (or any thrown value) in a form that crosses threads. */
 export function sendableError(error: unknown): SentError {
@@ -81,28 +84,46 @@ export function sendableError(error: unknown): SentError {
 
 const scope = globalThis as unknown as {
   postMessage(message: ThreadMessage): void;
+  close(): void;
   onmessage: ((event: MessageEvent<RunMessage | AbortMessage>) => void) | null;
 };
 
-// Deno.exit in a Web Worker stops the thread without a word to its parent: say it first.
+// Deno.exit (or process.exit, or close()) in a Web Worker stops the thread without a word to
+// its parent: say it first, with the exit code.
 if ("WorkerGlobalScope" in globalThis) {
+  let told = false;
+  const tell = (code: number, close?: boolean) => {
+    if (told) return;
+    told = true;
+    scope.postMessage({ type: "exit", code, ...(close ? { close } : {}) });
+    // A thread that ends at once may take its last message with it: wait (without using
+    // the CPU) for the worker to terminate the thread on that message, at most a second.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1_000);
+  };
   const exit = Deno.exit;
   Deno.exit = ((code?: number) => {
-    scope.postMessage({ type: "exit", code: code ?? Deno.exitCode });
+    tell(code ?? Deno.exitCode);
     return exit(code);
   }) as typeof Deno.exit;
+  // process.exit of node:process does not go through Deno.exit, but unloads the thread.
+  addEventListener("unload", () => tell(Deno.exitCode));
+  const close = scope.close;
+  scope.close = () => {
+    tell(Deno.exitCode, true);
+    close.call(globalThis);
+  };
 }
 
 /**
- * Serve runs with `module[name]` as the handler.
+ * Serve runs with the exports of `module` as their handlers (each run names its export).
  *
  * @example
  * ```ts ignore
  * import * as handlers from "./render.ts";
- * serve(handlers, "render");
+ * serve(handlers);
  * ```
  */
-export function serve(module: Record<string, unknown>, name: string): void {
+export function serve(module: Record<string, unknown>): void {
   let controller: AbortController | null = null;
   scope.onmessage = (event) => {
     const message = event.data;
@@ -147,6 +168,7 @@ export function serve(module: Record<string, unknown>, name: string): void {
       }
     };
     new Promise((resolve) => {
+      const name = message.export;
       const handler = module[name];
       if (typeof handler !== "function") {
         const exports = Object.keys(module).join(", ") || "none";

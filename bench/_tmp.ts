@@ -1,0 +1,12 @@
+import { SandboxPool } from "../src/worker/sandbox_pool.ts";
+const job = { id: "1" } as never;
+const M = "file:///work/wt/sandbox/tests/fixtures/sandbox_handlers.ts";
+const t0 = performance.now();
+const spinPool = new SandboxPool("spin", { module: M, export: "spin", pool: 2, permissions: "inherit" });
+const c = new AbortController();
+const spinning = spinPool.run({ args: {}, job, deadline: null }, { signal: c.signal, onProgress() {} }).catch((e) => console.log("spin ended", e.message, Math.round(performance.now() - t0)));
+await new Promise((r) => setTimeout(r, 500));
+c.abort(new Error("x"));
+await spinning;
+spinPool.close();
+console.log("closed", Math.round(performance.now() - t0));
