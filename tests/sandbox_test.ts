@@ -89,7 +89,8 @@ Deno.test("a CPU-bound sandboxed task spinning past the heartbeat TTL succeeds o
 Deno.test("a timeout terminates a sandboxed busy loop: each attempt fails with the timeout, the thread is replaced, the job ends failed", async () => {
   await withApp("sandbox_timeout", async (app, sql) => {
     const spin = app.task("spin", {
-      timeout: 1_000,
+      // Room for a thread to start under load (the timeout counts from the claim).
+      timeout: 4_000,
       maxAttempts: 2,
       backoff: () => 0,
       // One thread: the second attempt runs only if the first one's thread was stopped.
@@ -105,7 +106,7 @@ Deno.test("a timeout terminates a sandboxed busy loop: each attempt fails with t
       const r = await row(sql, id);
       assertEquals([r.state, r.attempt, r.run_count], ["failed", 2, 2]);
       assertEquals(r.errors!.map((e) => e.error), ["TimeoutError", "TimeoutError"]);
-      assertMatch(r.errors![0].message, /timed out after 1000 ms/);
+      assertMatch(r.errors![0].message, /timed out after 4000 ms/);
       // The same pool runs the next job.
       const next = await spin.enqueue({ ms: 1 });
       await waitForJob(sql, next, (r) => r.state === "succeeded");
@@ -147,6 +148,19 @@ Deno.test("requestCancel of a running sandboxed busy loop ends it cancelled; the
         assertEquals(exit.code, 0, exit.message);
       }
     });
+  });
+});
+
+Deno.test("a worker stopped while a sandboxed busy loop runs puts the job back without spending an attempt and stops its thread", async () => {
+  await withApp("sandbox_shutdown", async (app, sql) => {
+    const spin = app.task("spin", { sandbox: { module: HANDLERS, export: "spin" } });
+    const w = startWorker(app, { ...SCALED, shutdownTimeout: 300 });
+    const id = await spin.enqueue({});
+    await waitForJob(sql, id, (r) => r.state === "running");
+    const exit = await w.stop();
+    assertEquals([exit.code, exit.reason], [0, "stopped"], exit.message);
+    const r = await row(sql, id);
+    assertEquals([r.state, r.attempt, r.run_count], ["queued", 0, 1]);
   });
 });
 
