@@ -89,6 +89,7 @@ export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/sched
 
 // The running job: its context, the hooks, and the outcomes a handler throws.
 export { current, type JobContext } from "./src/context.ts";
+export type { SandboxContext, SandboxHandler, SandboxOptions, SandboxSpec } from "./src/sandbox.ts";
 export type { EnqueuedJob, Hooks, JobInfo, JobState } from "./src/job.ts";
 export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
 

@@ -35,6 +35,7 @@ import {
   type TaskHandler,
   type TaskOptions,
 } from "./task.ts";
+import type { SandboxOptions } from "./sandbox.ts";
 
 /** Options of {@linkcode Akadze}. Durations are milliseconds. */
 export interface AkadzeOptions {
@@ -250,6 +251,23 @@ export class Akadze {
     options: TaskOptions<S>,
     handler: TaskHandler<ArgsOutput<S>, R>,
   ): Task<ArgsInput<S>, ArgsOutput<S>, R>;
+  /**
+   * Register a sandboxed task: its handler is the export of `sandbox.module`, run in a pool
+   * of Web Workers (see docs/isolation.md).
+   *
+   * @example
+   * ```ts ignore
+   * const render = app.task("pdf.render", {
+   *   args: v.object({ file: v.string() }),
+   *   timeout: 60_000,
+   *   sandbox: { module: import.meta.resolve("./render.ts"), export: "render", pool: 2 },
+   * });
+   * ```
+   */
+  task<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
+    name: string,
+    options: TaskOptions<S> & { sandbox: SandboxOptions },
+  ): Task<ArgsInput<S>, ArgsOutput<S>, R>;
   task(
     name: string,
     optionsOrHandler: TaskOptions<StandardSchemaV1 | undefined> | AnyHandler,
@@ -261,7 +279,7 @@ export class Akadze {
       }
       return this.#add(name, {}, optionsOrHandler);
     }
-    return this.#add(name, optionsOrHandler ?? {}, handler as AnyHandler);
+    return this.#add(name, optionsOrHandler ?? {}, handler);
   }
 
   /**
@@ -534,7 +552,7 @@ export class Akadze {
   #add(
     name: string,
     options: TaskOptions<StandardSchemaV1 | undefined>,
-    handler: AnyHandler,
+    handler: AnyHandler | undefined,
   ): AnyTask {
     if (this.#tasks.has(name)) throw new AkadzeError(`task "${name}" is already registered`);
     // deno-lint-ignore no-explicit-any

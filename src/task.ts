@@ -8,6 +8,7 @@ import type { JobContext } from "./context.ts";
 import { type EnqueueHost, enqueueJobs, type EnqueueOptions } from "./enqueue.ts";
 import { AkadzeError, EnqueueError } from "./errors.ts";
 import { isPlainObject } from "./json.ts";
+import { checkSandbox, type SandboxOptions, type SandboxSpec } from "./sandbox.ts";
 import {
   INT4_MAX,
   isMaxAttempts,
@@ -57,6 +58,11 @@ export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined>
   priority?: number;
   /** Override the default backoff (`min(2^(attempt-1) s, 300 s)` ± 10 %). */
   backoff?: Backoff;
+  /**
+   * Run the handler isolated, in a pool of Web Workers: the handler is the export of a
+   * module (`sandbox.module`), given instead of a handler function. See docs/isolation.md.
+   */
+  sandbox?: SandboxOptions;
 }
 
 /** A task handler: gets the (validated) arguments and the job context. */
@@ -80,6 +86,7 @@ const TASK_OPTION_NAMES = new Set([
   "timeout",
   "priority",
   "backoff",
+  "sandbox",
 ]);
 /** The longest timeout a timer can carry (about 24.8 days). */
 const TIMEOUT_MAX = INT4_MAX;
@@ -109,8 +116,10 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
   readonly backoff: Backoff | undefined;
   /** The argument schema, if any. */
   readonly args: StandardSchemaV1<In, Out> | undefined;
-  /** The handler. */
+  /** The handler (for a sandboxed task, one that says it runs in its sandbox). */
   readonly handler: TaskHandler<Out, R>;
+  /** Where the handler runs isolated, for a sandboxed task. */
+  readonly sandbox: SandboxSpec | undefined;
   #host: EnqueueHost;
 
   /**
@@ -125,7 +134,7 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
     host: EnqueueHost,
     name: string,
     options: TaskOptions<StandardSchemaV1<In, Out> | undefined>,
-    handler: TaskHandler<Out, R>,
+    handler: TaskHandler<Out, R> | undefined,
   ) {
     checkTaskName(name);
     const where = `task "${name}"`;
@@ -137,7 +146,15 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
         );
       }
     }
-    if (typeof handler !== "function") {
+    const sandbox = options.sandbox === undefined
+      ? undefined
+      : checkSandbox(options.sandbox, where);
+    if (sandbox && handler !== undefined) {
+      throw new AkadzeError(
+        `${where}: a sandboxed task's handler is the export of sandbox.module; give no handler function`,
+      );
+    }
+    if (!sandbox && typeof handler !== "function") {
       throw new AkadzeError(`${where}: handler must be a function`);
     }
     const { queue = "default", maxAttempts = 3, timeout, priority = 0, backoff, args } = options;
@@ -180,7 +197,12 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
     this.priority = priority;
     this.backoff = backoff;
     this.args = args;
-    this.handler = handler;
+    this.sandbox = sandbox;
+    this.handler = handler ?? (() => {
+      throw new AkadzeError(
+        `${where} runs in its sandbox: its handler is "${sandbox!.export}" of ${sandbox!.module}`,
+      );
+    });
   }
 
   /**

@@ -498,6 +498,7 @@ const PAGES: Page[] = [
   },
   { file: "docs/tasks-and-enqueue.md", start: "after getting started", ignored: {} },
   { file: "docs/worker.md", start: "after getting started", ignored: {} },
+  { file: "docs/isolation.md", start: "after getting started", ignored: {} },
   { file: "docs/schedules.md", start: "after getting started", ignored: {} },
   { file: "docs/limits.md", start: "after getting started", ignored: {} },
   { file: "docs/testing.md", start: "after getting started", ignored: {} },

@@ -29,7 +29,13 @@ try {
 }
 
 const child = new Deno.Command(Deno.execPath(), {
-  args: ["test", "--allow-all", "--parallel", ...(Deno.args.length ? Deno.args : ["tests/"])],
+  args: [
+    "test",
+    "--allow-all",
+    "--unstable-worker-options",
+    "--parallel",
+    ...(Deno.args.length ? Deno.args : ["tests/"]),
+  ],
   env: { [DATABASE_URL_ENV]: url },
   stdin: "null",
 }).spawn();

@@ -30,6 +30,7 @@ import { JOB_RETURNING, type JobRow, runTransitionHooks, toJobInfo } from "./job
 import { LOOP_BLOCK_WARN_DEFAULT, type RunRef } from "./loop_blocks.ts";
 import { ProgressReporter, progressStatement } from "./progress.ts";
 import { activeTracer, endRunSpan, inRunSpan, startRunSpan } from "../tracing.ts";
+import { SandboxPool } from "./sandbox_pool.ts";
 
 /** Why a run was interrupted from outside the handler. */
 export type Interrupt = "timeout" | "cancel" | "shutdown";
@@ -66,6 +67,8 @@ export class Executor {
   #secrets: string[];
   #lockJob: string;
   #progress: string;
+  /** The thread pools of the sandboxed tasks, made on their first run. */
+  #pools = new Map<string, SandboxPool>();
 
   /**
    * Make an executor; the pool's password (and each job's argument values) are redacted
@@ -219,7 +222,7 @@ export class Executor {
   #run(task: AnyTask | undefined, row: ClaimedJob, job: JobInfo, ctx: JobContext): unknown {
     if (!task) throw new AkadzeError(`no task "${row.task}" is registered in this worker`);
     const { beforeRun, afterRun } = this.#app.hooks;
-    if (!task.args && beforeRun.length === 0 && afterRun.length === 0) {
+    if (!task.args && !task.sandbox && beforeRun.length === 0 && afterRun.length === 0) {
       return task.handler(row.args as never, ctx);
     }
     return this.#runWithHooks(task, row, job, ctx);
@@ -247,9 +250,42 @@ export class Executor {
       args = result.value;
     }
     for (const hook of this.#app.hooks.beforeRun) await hook(job);
-    const value = await task.handler(args as never, ctx);
+    const value = task.sandbox
+      ? await this.#runSandboxed(task, args, job, ctx)
+      : await task.handler(args as never, ctx);
     for (const hook of this.#app.hooks.afterRun) await hook(job, value);
     return value;
+  }
+
+  /** Run a sandboxed task's job in a thread of its pool (the arguments are validated). */
+  async #runSandboxed(
+    task: AnyTask,
+    args: unknown,
+    job: JobInfo,
+    ctx: JobContext,
+  ): Promise<unknown> {
+    let pool = this.#pools.get(task.name);
+    if (!pool) this.#pools.set(task.name, pool = new SandboxPool(task.name, task.sandbox!));
+    // Read here, where the database is: the thread has no connection.
+    const dependencies = await ctx.dependencies();
+    return await pool.run({ args, job, deadline: ctx.deadline, dependencies }, {
+      signal: ctx.signal,
+      onProgress: (value) => ctx.progress(value),
+    });
+  }
+
+  /**
+   * Terminate the sandbox threads (when the worker's runs have settled): a later run
+   * starts new ones.
+   *
+   * @example
+   * ```ts ignore
+   * executor.close();
+   * ```
+   */
+  close(): void {
+    for (const pool of this.#pools.values()) pool.close();
+    this.#pools.clear();
   }
 
   /**

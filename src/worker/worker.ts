@@ -81,6 +81,7 @@ export class Worker {
   #offset = 0;
   #running = false;
   #stopRequested = false;
+  #executor: Executor;
   /** The run ended while its loop was stuck in a query (the watchdog): it runs nothing more. */
   #loopLeft = false;
   #draining = false;
@@ -153,7 +154,7 @@ export class Worker {
         return runs;
       },
     });
-    const executor = new Executor(app, this.#completer.writer, {
+    const executor = this.#executor = new Executor(app, this.#completer.writer, {
       blockWarn: this.#blocks.warnAfter,
       onBlocked: (job, ms) => this.#blocks.report(job, ms),
     });
@@ -288,6 +289,8 @@ export class Worker {
     } finally {
       watch.stop();
       this.#blocks.stop();
+      // Every run has settled: the sandbox threads go (a busy one would keep the process).
+      this.#executor.close();
       options.signal?.removeEventListener("abort", onAbort);
       await Promise.all([
         pruned ?? this.#pruner.settle(RELEASE_TIMEOUT),
