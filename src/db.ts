@@ -281,7 +281,44 @@ export function schemaMissingMessage(schema: string, error: unknown): string {
     `date): run akadze migrate, or migrate() from code (${describeError(error)})`;
 }
 
-const TRANSIENT_SQLSTATES = new Set(["57P01", "57P02", "57P03", "53300", "40001", "40P01"]);
+const TRANSIENT_SQLSTATES = new Set([
+  "57P01",
+  "57P02",
+  "57P03",
+  "53300",
+  "40001",
+  "40P01",
+  "25006",
+]);
+
+/** What PostgreSQL says when a statement needs a primary but reached a server in recovery. */
+const IN_RECOVERY = /\b(during recovery|while recovery is in progress|recovery is in progress)\b/i;
+
+/**
+ * Whether `error` (or its cause) is a server refusing a write because it is read-only: a
+ * hot standby (`cannot execute UPDATE in a read-only transaction`, SQLSTATE 25006, or
+ * `... during recovery`), which a multi-host URL can reach while a failover is under way.
+ * A new connection may reach the new primary.
+ *
+ * @example
+ * ```ts ignore
+ * import { isReadOnlyError } from "./db.ts";
+ * isReadOnlyError(Object.assign(new Error("x"), { code: "25006" })); // true
+ * ```
+ */
+export function isReadOnlyError(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e && typeof e === "object" && depth < 5; depth++) {
+    const { code, message } = e as { code?: unknown; message?: unknown };
+    if (code === "25006") return true;
+    if (
+      typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) && IN_RECOVERY.test(String(message))
+    ) {
+      return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
 const TRANSIENT_DRIVER_CODES = new Set([
   "CONNECTION_CLOSED",
   "CONNECTION_ENDED",
@@ -307,8 +344,10 @@ const TRANSIENT_DENO_ERRORS = new Set([
 /**
  * Whether a database error is transient (worth retrying with backoff): connection
  * exceptions (SQLSTATE class 08), admin/crash shutdown and cannot-connect-now
- * (57P01/57P02/57P03), too many connections (53300), serialization failure (40001),
- * deadlock (40P01), and the driver's and runtime's connection errors.
+ * (57P01/57P02/57P03), too many connections (53300),
+ * serialization failure (40001), deadlock (40P01), a read-only server such as a standby
+ * during a failover ({@linkcode isReadOnlyError}), and the driver's and runtime's
+ * connection errors.
  *
  * @example
  * ```ts
@@ -325,6 +364,7 @@ export function isTransientError(error: unknown): boolean {
       if (TRANSIENT_DRIVER_CODES.has(code)) return true;
       if (/^[0-9A-Z]{5}$/.test(code)) {
         if (code.startsWith("08") || TRANSIENT_SQLSTATES.has(code)) return true;
+        if (isReadOnlyError(e)) return true;
       }
     }
     const name = (e as { name?: unknown }).name;

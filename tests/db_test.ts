@@ -1,7 +1,14 @@
 import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
 import { userInfo } from "node:os";
 import postgres from "postgres";
-import { connect, describeError, isTransientError, quoteSchema, redact } from "../src/db.ts";
+import {
+  connect,
+  describeError,
+  isReadOnlyError,
+  isTransientError,
+  quoteSchema,
+  redact,
+} from "../src/db.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { installDriverGuard } from "../src/driver_guard.ts";
 import { withDatabase } from "./_helpers.ts";
@@ -83,6 +90,29 @@ Deno.test("transient SQLSTATEs and driver codes are classified as transient", ()
   assert(isTransientError(new Error("wrapped", { cause: err("57P01") })));
   assert(!isTransientError(new TypeError("x")));
   assert(!isTransientError(null));
+});
+
+Deno.test("a read-only server (a standby during a failover) is transient: 25006 and the in-recovery refusals", async () => {
+  await withDatabase("db_read_only", async (_db, sql) => {
+    let error: unknown;
+    try {
+      await sql.begin("read only", (tx) => tx`update akadze.jobs set priority = 1`);
+    } catch (e) {
+      error = e;
+    }
+    assertEquals((error as { code?: string }).code, "25006");
+    assert(isReadOnlyError(error) && isTransientError(error), describeError(error));
+  });
+  const lock = Object.assign(
+    new Error(
+      "cannot acquire lock mode ExclusiveLock on database objects while recovery is in progress",
+    ),
+    { code: "0A000" },
+  );
+  assert(isReadOnlyError(lock) && isTransientError(lock));
+  const unsupported = Object.assign(new Error("not supported"), { code: "0A000" });
+  assert(!isReadOnlyError(unsupported) && !isTransientError(unsupported));
+  assert(!isReadOnlyError(new Error("during recovery")), "a server error has a SQLSTATE");
 });
 
 Deno.test("the classifier on real errors: terminated backend, unique violation, syntax error", async () => {

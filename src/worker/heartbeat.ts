@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { describeError, isTransientError, quoteSchema, type Sql } from "../db.ts";
+import { describeError, isReadOnlyError, isTransientError, quoteSchema, type Sql } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { logHeartbeatFailed, logHeartbeatFileFailed, logRegistered } from "./log_events.ts";
 
@@ -41,8 +41,11 @@ export interface HeartbeatConfig {
   heartbeatInterval?: number;
   /** Give up after heartbeatTtl without a first beat (a batch run). Default false. */
   giveUpUnregistered?: boolean;
-  /** Called when a beat timed out: its connection may hang, the next beat needs a new one. */
-  onTimeout?: () => void;
+  /**
+   * Called when a beat's connection is no use: it timed out (it may hang) or reached a
+   * read-only server (a standby); the next beat needs a new connection.
+   */
+  onBadConnection?: () => void;
   /** How often a beat looks for orphans at least (ms). Default {@linkcode ORPHAN_SCAN_EVERY}. */
   orphanScanEvery?: number;
 }
@@ -107,7 +110,7 @@ export class Heartbeat {
       ...config,
       heartbeatInterval,
       giveUpUnregistered: config.giveUpUnregistered ?? false,
-      onTimeout: config.onTimeout ?? (() => {}),
+      onBadConnection: config.onBadConnection ?? (() => {}),
       orphanScanEvery: config.orphanScanEvery ?? ORPHAN_SCAN_EVERY,
     };
     const s = quoteSchema(config.schema);
@@ -232,7 +235,9 @@ export class Heartbeat {
       return { kind: "beat", beat };
     } catch (error) {
       if (!isTransientError(error)) throw error;
-      if ((error as { name?: unknown }).name === "HeartbeatTimeout") this.#config.onTimeout();
+      if ((error as { name?: unknown }).name === "HeartbeatTimeout" || isReadOnlyError(error)) {
+        this.#config.onBadConnection();
+      }
       this.#ok = false;
       this.nextBeat = now + Math.min(heartbeatInterval, HEARTBEAT_RETRY);
       logHeartbeatFailed(id, error);
