@@ -285,6 +285,7 @@ const TRANSIENT_SQLSTATES = new Set([
   "57P01",
   "57P02",
   "57P03",
+  "53100",
   "53300",
   "40001",
   "40P01",
@@ -344,7 +345,7 @@ const TRANSIENT_DENO_ERRORS = new Set([
 /**
  * Whether a database error is transient (worth retrying with backoff): connection
  * exceptions (SQLSTATE class 08), admin/crash shutdown and cannot-connect-now
- * (57P01/57P02/57P03), too many connections (53300),
+ * (57P01/57P02/57P03), disk full (53100), too many connections (53300),
  * serialization failure (40001), deadlock (40P01), a read-only server such as a standby
  * during a failover ({@linkcode isReadOnlyError}), and the driver's and runtime's
  * connection errors.

@@ -78,7 +78,20 @@ Deno.test("connect takes the user from the URL, else PGUSERNAME, PGUSER, else th
 
 Deno.test("transient SQLSTATEs and driver codes are classified as transient", () => {
   const err = (code: string) => Object.assign(new Error(code), { code });
-  for (const code of ["08006", "08001", "57P01", "57P02", "57P03", "53300", "40001", "40P01"]) {
+  for (
+    const code of [
+      "08006",
+      "08001",
+      "57P01",
+      "57P02",
+      "57P03",
+      "53100",
+      "53300",
+      "40001",
+      "40P01",
+      "25006",
+    ]
+  ) {
     assert(isTransientError(err(code)), code);
   }
   for (const code of ["CONNECTION_CLOSED", "CONNECTION_ENDED", "CONNECT_TIMEOUT", "ECONNREFUSED"]) {
