@@ -67,6 +67,15 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
   if (typeof databaseUrl !== "string" || !/^postgres(ql)?:\/\//.test(databaseUrl)) {
     throw new AkadzeError("databaseUrl must be a postgres:// or postgresql:// URL");
   }
+  const authority = databaseUrl.slice(databaseUrl.indexOf("://") + 3).split(/[/?#]/)[0];
+  if (authority.indexOf("@") !== authority.lastIndexOf("@")) {
+    // The driver would take the part of the password after the first @ for a host name, and
+    // print it in its errors.
+    throw new AkadzeError(
+      "the database URL has more than one @ before its host: write each @ of the user name or " +
+        "password as %40 (postgres://app:p%40ss@db/app). The URL is not shown: it holds the password",
+    );
+  }
   // Each new connection first fetches the array types, and a connection lost during that
   // fetch leaves an unhandled rejection behind that would end the process.
   guardTypeFetch();
@@ -132,7 +141,9 @@ function osUser(): string | undefined {
 }
 
 // The scheme is bounded: unbounded, a long run of letters costs quadratic time to scan.
-const URL_CREDENTIALS = /([a-z][a-z0-9+.-]{0,31}:\/\/[^:/?#@\s]*):[^@/\s]*@/gi;
+// The password runs to the last @ before the path, so that one with an unencoded @ is hidden
+// whole.
+const URL_CREDENTIALS = /([a-z][a-z0-9+.-]{0,31}:\/\/[^:/?#@\s]*):[^/?#\s]*@/gi;
 const PASSWORD_PARAM = /(password=)[^&\s'"]*/gi;
 
 /**
@@ -386,6 +397,31 @@ export function hideQuotedInput(message: string, code: unknown): string {
   return message.replace(/"[\s\S]*"/, '"***"');
 }
 
+/** What postgres.js's connection errors mean, and what to look at. */
+const CONNECTION_ERRORS: Record<string, string> = {
+  CONNECTION_CLOSED: "the database server closed the connection while it was in use (a restart, " +
+    "a failover, a terminated session, or a server timeout such as " +
+    "idle_in_transaction_session_timeout ending a transaction that waited too long)",
+  CONNECTION_DESTROYED: "the connection was ended while a statement was using it (the pool " +
+    "closing, or a statement that did not answer in time)",
+  CONNECTION_ENDED: "the connection had already been ended (the pool is closed)",
+  CONNECT_TIMEOUT: "no PostgreSQL server answered within the connect timeout (connectTimeout, " +
+    "or connect_timeout in the URL): check that the server is up and reachable and that the URL " +
+    "names it",
+};
+
+/**
+ * postgres.js names its connection errors `write CONNECTION_CLOSED host:port`, whatever was
+ * being done: the message for such an error says what happened instead, with the code and
+ * the address. Other messages are returned as they are.
+ */
+export function explainConnectionError(message: string, code: unknown): string {
+  if (typeof code !== "string" || !Object.hasOwn(CONNECTION_ERRORS, code)) return message;
+  const match = new RegExp(`^write ${code}(?: (.*))?$`).exec(message);
+  if (!match) return message;
+  return `${CONNECTION_ERRORS[code]} (${code}${match[1] ? `, ${match[1]}` : ""})`;
+}
+
 /**
  * A one-line, credential-free description of an error, for logs and CLI output: the
  * message (with the SQLSTATE or driver code when the message lacks it), whitespace
@@ -408,13 +444,7 @@ export function describeError(error: unknown, secrets: readonly string[] = []): 
     if (error instanceof Error) {
       const code = (error as { code?: unknown }).code;
       text = hideQuotedInput(String(error.message || error.name), code);
-      if (code === "CONNECT_TIMEOUT") {
-        // postgres.js says "write CONNECT_TIMEOUT host:port": say what it means.
-        const where = text.split(" ").pop();
-        text = `no PostgreSQL server answered at ${where} within the connect timeout ` +
-          "(connectTimeout, or connect_timeout in the URL): check that the server is up and " +
-          "reachable and that the URL names it";
-      }
+      text = explainConnectionError(text, code);
       if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
     } else {
       text = String(error);

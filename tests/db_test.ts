@@ -32,9 +32,47 @@ Deno.test("quoteSchema accepts plain lower-case identifiers only", () => {
   }
 });
 
+Deno.test("postgres.js's connection errors are described by what happened, with their code and address", () => {
+  const closed = Object.assign(new Error("write CONNECTION_CLOSED 127.0.0.1:5432"), {
+    code: "CONNECTION_CLOSED",
+  });
+  const text = describeError(closed);
+  assert(text.startsWith("the database server closed the connection while it was in use"), text);
+  assert(text.includes("idle_in_transaction_session_timeout"), text);
+  assert(text.endsWith("(CONNECTION_CLOSED, 127.0.0.1:5432)"), text);
+  const timeout = Object.assign(new Error("write CONNECT_TIMEOUT db:5432"), {
+    code: "CONNECT_TIMEOUT",
+  });
+  const said = describeError(timeout);
+  assert(said.startsWith("no PostgreSQL server answered within the connect timeout"), said);
+  assert(said.endsWith("(CONNECT_TIMEOUT, db:5432)"), said);
+  // Only the driver's own wording is rewritten.
+  const other = Object.assign(new Error("something else"), { code: "CONNECTION_CLOSED" });
+  assertEquals(describeError(other), "something else (CONNECTION_CLOSED)");
+});
+
 Deno.test("connect refuses something that is not a postgres URL", () => {
   assertThrows(() => connect("mysql://x@y/z"), AkadzeError);
   assertThrows(() => connect(""), AkadzeError);
+});
+
+Deno.test("a password with an unencoded @ is never shown: connect refuses the URL, redact hides it whole", () => {
+  for (
+    const url of [
+      "postgres://app:s3cr@tP4ss@db:5432/app",
+      "postgres://app:s3cr@tP4ss@h1:1,h2:2/app",
+    ]
+  ) {
+    const error = assertThrows(() => connect(url), AkadzeError);
+    assert(!error.message.includes("P4ss") && error.message.includes("%40"), error.message);
+  }
+  assertEquals(
+    redact("Invalid URL: 'postgres://app:s3cr@tP4ss@h1:5432,h2:5432/app?sslmode=require'"),
+    "Invalid URL: 'postgres://app:***@h1:5432,h2:5432/app?sslmode=require'",
+  );
+  assertEquals(redact("postgres://a:b@h/d?x=y@z"), "postgres://a:***@h/d?x=y@z");
+  // An @ in the path or the query is not in the credentials.
+  connect("postgres://app:pw@db/app?application_name=a@b").end();
 });
 
 Deno.test("connect uses no prepared statements and names the application", async () => {

@@ -124,6 +124,14 @@ async function failover(attrs: "read-write" | "primary"): Promise<void> {
         );
         assertEquals(exited, [null, null], "a worker exited");
         assertEquals(await countJobs(onStandby, "succeeded"), JOBS + LATER);
+        // One line per worker says what happened, even where the driver hid the failover.
+        for (const w of workers) {
+          const changed = records.filter((r) =>
+            r.properties.event === "database_server_changed" &&
+            r.properties.workerId === w.worker.id
+          ).map((r) => [r.properties.was, r.properties.address]);
+          assertEquals(changed, [[`127.0.0.1:${primary.port}`, `127.0.0.1:${standby.port}`]]);
+        }
         const stops = await Promise.all(workers.map((w) => w.stop()));
         assertEquals(stops.map((e) => e.code), [0, 0]);
       } finally {

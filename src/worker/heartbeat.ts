@@ -8,7 +8,12 @@
  */
 import { describeError, isReadOnlyError, isTransientError, quoteSchema, type Sql } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
-import { logHeartbeatFailed, logHeartbeatFileFailed, logRegistered } from "./log_events.ts";
+import {
+  logHeartbeatFailed,
+  logHeartbeatFileFailed,
+  logRegistered,
+  logServerChanged,
+} from "./log_events.ts";
 
 /** How often a worker beats, by default (ms): `WORKER_DEFAULTS.heartbeatInterval`. */
 export const HEARTBEAT_INTERVAL_DEFAULT = 5_000;
@@ -78,10 +83,17 @@ export interface BeatResult {
    * run_count), when the beat looked for orphans; null when it did not.
    */
   running: { id: string; runCount: number }[] | null;
+  /**
+   * The server that answered: its address (`host:port`, or `local` over a Unix socket) and
+   * when its postmaster started, so a failover or restart the driver absorbed can be told.
+   */
+  server: { address: string; startedAt: string };
 }
 
 /** Keeps one worker's row alive. */
 export class Heartbeat {
+  /** The server the last beat reached. */
+  #server: BeatResult["server"] | null = null;
   #sql: Sql;
   #config: Required<HeartbeatConfig>;
   #beat: string;
@@ -134,7 +146,10 @@ export class Heartbeat {
         ? `array(select id::text || ':' || run_count from ${s}.jobs
                     where worker_id = $1 and state = 'running')`
         : "null::text[]"
-    } as running
+    } as running,
+             coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) || ':' ||
+               pg_catalog.inet_server_port(), 'local') as server_address,
+             pg_catalog.pg_postmaster_start_time()::text as server_started_at
         from hb`;
     this.#beat = beat(false);
     this.#beatScan = beat(true);
@@ -185,7 +200,12 @@ export class Heartbeat {
       const [id, runCount] = item.split(":");
       return { id, runCount: Number(runCount) };
     }) ?? null;
-    return { registered: row.registered, cancelRequested: row.cancel, running };
+    return {
+      registered: row.registered,
+      cancelRequested: row.cancel,
+      running,
+      server: { address: row.server_address, startedAt: row.server_started_at },
+    };
   }
 
   /**
@@ -230,6 +250,11 @@ export class Heartbeat {
     try {
       const beat = await this.runOnce(request);
       if (beat.registered && !this.#ok) logRegistered(id);
+      const was = this.#server;
+      if (was && (was.address !== beat.server.address || was.startedAt !== beat.server.startedAt)) {
+        logServerChanged(id, beat.server.address, was.address);
+      }
+      this.#server = beat.server;
       this.#ok = true;
       this.nextBeat = now + heartbeatInterval;
       return { kind: "beat", beat };
