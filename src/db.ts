@@ -7,6 +7,7 @@
 import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
+import { installArrayTypes } from "./array_types.ts";
 import { guardTypeFetch } from "./driver_guard.ts";
 import { readEnv } from "./env.ts";
 import { openSocket } from "./startup_guard.ts";
@@ -79,7 +80,7 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
   // Each new connection first fetches the array types, and a connection lost during that
   // fetch leaves an unhandled rejection behind that would end the process.
   guardTypeFetch();
-  return postgres(databaseUrl, {
+  const sql = postgres(databaseUrl, {
     ...(urlHasUser(databaseUrl) ? {} : { user: defaultUser() }),
     max: options.max ?? 10,
     prepare: options.prepare ?? false,
@@ -100,6 +101,9 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     // (postgres.js takes the option; its types do not list it).
     ...{ socket: openSocket } as Record<never, never>,
   });
+  // Known before the first statement, not learned by it (see array_types.ts).
+  installArrayTypes(sql);
+  return sql;
 }
 
 /** Whether the URL names a user (read like postgres.js does, so several hosts work too). */
