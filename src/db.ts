@@ -77,10 +77,47 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
         "password as %40 (postgres://app:p%40ss@db/app). The URL is not shown: it holds the password",
     );
   }
+  checkPorts(authority.slice(authority.lastIndexOf("@") + 1));
   // Each new connection first fetches the array types, and a connection lost during that
   // fetch leaves an unhandled rejection behind that would end the process.
   guardTypeFetch();
-  const sql = postgres(databaseUrl, {
+  let sql: Sql;
+  try {
+    sql = newPool(databaseUrl, options);
+  } catch (error) {
+    // The driver's "Invalid URL: '…'" quotes the whole URL, password included.
+    if (error instanceof TypeError && /^Invalid URL/.test(error.message)) {
+      throw new AkadzeError(
+        "the database URL is not a valid URL: check its host names, ports and the %-encoding " +
+          "of its user name and password. The URL is not shown: it holds the password",
+      );
+    }
+    throw error;
+  }
+  // Known before the first statement, not learned by it (see array_types.ts).
+  installArrayTypes(sql);
+  return sql;
+}
+
+/**
+ * Refuse a port that is not a TCP port in the URL's host list (`h1:5432,h2:5433`): the
+ * driver would throw an uncaught RangeError for it on connecting, or wait forever.
+ */
+function checkPorts(hosts: string): void {
+  for (const entry of hosts.split(",")) {
+    const [, host, port] = /^(\[[^\]]*\]|[^:]*)(?::(.*))?$/.exec(entry) ?? [];
+    if (port === undefined || port === "") continue;
+    if (!/^\d{1,5}$/.test(port) || Number(port) < 1 || Number(port) > 65535) {
+      throw new AkadzeError(
+        `the database URL gives host ${host || "(empty)"} the port ${port}, which is not a port ` +
+          "number (1 to 65535): correct the URL",
+      );
+    }
+  }
+}
+
+function newPool(databaseUrl: string, options: ConnectOptions): Sql {
+  return postgres(databaseUrl, {
     ...(urlHasUser(databaseUrl) ? {} : { user: defaultUser() }),
     max: options.max ?? 10,
     prepare: options.prepare ?? false,
@@ -101,9 +138,6 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
     // (postgres.js takes the option; its types do not list it).
     ...{ socket: openSocket } as Record<never, never>,
   });
-  // Known before the first statement, not learned by it (see array_types.ts).
-  installArrayTypes(sql);
-  return sql;
 }
 
 /** Whether the URL names a user (read like postgres.js does, so several hosts work too). */

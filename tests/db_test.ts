@@ -75,6 +75,30 @@ Deno.test("a password with an unencoded @ is never shown: connect refuses the UR
   connect("postgres://app:pw@db/app?application_name=a@b").end();
 });
 
+Deno.test("a host list with a port that is not a port number is refused at once, without the password", () => {
+  for (
+    const [url, said] of [
+      ["postgres://app:s3cret@h1:99999,h2:5432/app", "host h1 the port 99999"],
+      ["postgres://app:s3cret@h1:5432,h2:99999/app", "host h2 the port 99999"],
+      ["postgres://app:s3cret@h1:5432,h2:0/app", "host h2 the port 0"],
+      ["postgres://app:s3cret@h1:x1/app", "host h1 the port x1"],
+      ["postgres://app:s3cret@[::1]:70000/app", "host [::1] the port 70000"],
+    ]
+  ) {
+    const error = assertThrows(() => connect(url), AkadzeError);
+    assert(error.message.includes(said), error.message);
+    assert(!error.message.includes("s3cret"), error.message);
+  }
+  // The driver's own "Invalid URL" quotes the URL: it is replaced.
+  const invalid = assertThrows(() => connect("postgres://app:s3cret@h 1/app"), AkadzeError);
+  assert(invalid.message.startsWith("the database URL is not a valid URL"), invalid.message);
+  assert(!invalid.message.includes("s3cret"), invalid.message);
+  // Ports in range, with or without a port, IPv6, pass.
+  for (const url of ["postgres://a@h1:1,h2:65535,h3/d", "postgres://a@[::1]:5432,h2/d"]) {
+    connect(url).end();
+  }
+});
+
 Deno.test("connect uses no prepared statements and names the application", async () => {
   await withDatabase("db_connect", async (db) => {
     const sql = connect(db.url, { max: 1 });

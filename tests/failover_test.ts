@@ -4,6 +4,7 @@
 // and every job must finish on the new primary. This file starts its own two servers.
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
+import { connect } from "../src/db.ts";
 import { migrate } from "../src/migrate.ts";
 import {
   startThrowawayPostgres,
@@ -13,7 +14,7 @@ import {
 } from "../src/throwaway_postgres.ts";
 import type { WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { countJobs, startWorker, waitFor, withLogs } from "./_helpers.ts";
+import { countJobs, startWorker, waitFor, within, withLogs } from "./_helpers.ts";
 
 const JOBS = 300;
 const LATER = 50;
@@ -150,4 +151,89 @@ Deno.test("workers on target_session_attrs=read-write survive a promoted standby
 
 Deno.test("workers on target_session_attrs=primary survive a promoted standby and finish every job on the new primary", async () => {
   await failover("primary");
+});
+
+/** A TCP proxy to `port` on 127.0.0.1 that counts the connections it is asked for. */
+function countingProxy(port: number): { port: number; count: () => number; close(): void } {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const open = new Set<Deno.Conn>();
+  let count = 0;
+  (async () => {
+    for await (const conn of listener) {
+      count++;
+      open.add(conn);
+      Deno.connect({ hostname: "127.0.0.1", port }).then((upstream) => {
+        open.add(upstream);
+        const done = () => {
+          for (const c of [conn, upstream]) {
+            open.delete(c);
+            try {
+              c.close();
+            } catch { /* closed already */ }
+          }
+        };
+        conn.readable.pipeTo(upstream.writable).catch(() => {}).finally(done);
+        upstream.readable.pipeTo(conn.writable).catch(() => {}).finally(done);
+      }, () => conn.close());
+    }
+  })().catch(() => {});
+  return {
+    port: (listener.addr as Deno.NetAddr).port,
+    count: () => count,
+    close: () => {
+      listener.close();
+      for (const c of open) {
+        try {
+          c.close();
+        } catch { /* closed already */ }
+      }
+    },
+  };
+}
+
+Deno.test("with target_session_attrs=primary and no primary among the hosts, a statement waits with growing pauses between attempts and one warning, and runs once a standby is promoted", async () => {
+  await withLogs(async (records) => {
+    await withPair(async (_primary, standby) => {
+      // Both hosts are the standby: no host is a primary until it is promoted.
+      const a = countingProxy(standby.port);
+      const b = countingProxy(standby.port);
+      const sql = connect(
+        `postgres://postgres@127.0.0.1:${a.port},127.0.0.1:${b.port}/akadze` +
+          "?target_session_attrs=primary",
+        { max: 1 },
+      );
+      try {
+        const started = performance.now();
+        const waiting = sql`select pg_catalog.pg_is_in_recovery() as recovery`.execute();
+        let settled = false;
+        waiting.then(() => settled = true, () => settled = true);
+        await waitFor(() => a.count() + b.count() >= 10, "ten connection attempts");
+        // Before: the driver tried the hosts again at once, round after round (hundreds of
+        // connections a second). Now each round after the first waits longer: at least
+        // 2 x (50 + 100 + 200 + 400) ms before the tenth attempt, however fast the machine.
+        const elapsed = performance.now() - started;
+        assert(elapsed >= 1_000, `ten attempts within ${Math.round(elapsed)} ms`);
+        assert(a.count() > 0 && b.count() > 0, "both hosts are tried");
+        assertEquals(settled, false, "the statement waits for a primary");
+        const warnings = records.filter((r) => r.properties.event === "db_no_server");
+        assertEquals(warnings.length, 1, "one warning however many rounds");
+        const message = String(warnings[0].message.join(""));
+        assert(message.includes("not a primary server (target_session_attrs=primary)"), message);
+        assert(message.includes(`127.0.0.1:${a.port}`), message);
+        assert(message.includes(`127.0.0.1:${b.port}`), message);
+        await standby.promote();
+        const [row] = await within(waiting, 30_000, "the statement after the promotion");
+        assertEquals(row.recovery, false);
+        assertEquals(
+          records.filter((r) => r.properties.event === "db_server_found").length,
+          1,
+          "one line says a server is accepted again",
+        );
+      } finally {
+        await sql.end({ timeout: 1 });
+        a.close();
+        b.close();
+      }
+    });
+  });
 });
