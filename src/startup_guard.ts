@@ -48,6 +48,7 @@ interface Streak {
   failed: number;
   refused: Set<string>;
   unreachable: Set<string>;
+  ended: Set<string>;
   warned: boolean;
 }
 const streaks = new WeakMap<object, Streak>();
@@ -82,7 +83,13 @@ export function openSocket(options: SocketOptions): Socket | Promise<Socket> {
   if (!streak) {
     streaks.set(
       key,
-      streak = { failed: 0, refused: new Set(), unreachable: new Set(), warned: false },
+      streak = {
+        failed: 0,
+        refused: new Set(),
+        unreachable: new Set(),
+        ended: new Set(),
+        warned: false,
+      },
     );
   }
   const rounds = Math.floor(streak.failed / hosts);
@@ -121,13 +128,14 @@ function attempt(options: SocketOptions, streak: Streak | undefined): Socket {
   return socket;
 }
 
-/** Postgres frontend message types: Parse (a statement: the server was accepted), Terminate. */
+/** Frontend message types: Parse and Query (a statement: the server was accepted), Terminate. */
 const PARSE = 0x50;
+const QUERY = 0x51;
 const TERMINATE = 0x58;
 
 /**
  * Follow one attempt of a multi-host pool: accepted once the driver sends a statement
- * (its first is a Parse); refused when it ends the connection before that (the server is
+ * (a Parse, its type fetch, or a simple Query); refused when it ends the connection before that (the server is
  * not what `target_session_attrs` asks for); unreachable when the server never answered.
  */
 function watchAttempt(socket: Socket, options: SocketOptions, streak: Streak, where: string) {
@@ -137,7 +145,9 @@ function watchAttempt(socket: Socket, options: SocketOptions, streak: Streak, wh
   socket.once("data", () => answered = true);
   const sent = (data: unknown) => {
     if (accepted || !(data instanceof Uint8Array) || data.length === 0) return;
-    if (data[0] === PARSE) {
+    // A simple Query is also how the driver asks an older server (before PostgreSQL 14)
+    // whether it is a standby: with target_session_attrs only a Parse tells.
+    if (data[0] === PARSE || (data[0] === QUERY && !options.target_session_attrs)) {
       accepted = true;
       if (streak.warned) {
         log.info("the database server at {address} accepts connections again", {
@@ -148,6 +158,7 @@ function watchAttempt(socket: Socket, options: SocketOptions, streak: Streak, wh
       streak.failed = 0;
       streak.refused.clear();
       streak.unreachable.clear();
+      streak.ended.clear();
       streak.warned = false;
     } else if (data[0] === TERMINATE && data.length === 5) terminated = true;
   };
@@ -162,20 +173,23 @@ function watchAttempt(socket: Socket, options: SocketOptions, streak: Streak, wh
     streak.failed++;
     if (answered && terminated) streak.refused.add(where);
     else if (!answered) streak.unreachable.add(where);
+    else streak.ended.add(where);
     const hosts = options.port.length;
     if (streak.warned || streak.failed < hosts) return;
     streak.warned = true;
     const attrs = options.target_session_attrs;
     const refused = [...streak.refused].join(", ");
     const unreachable = [...streak.unreachable].join(", ");
+    const ended = [...streak.ended].join(", ");
     log.warn(
       "no server of the database URL could be used: " + [
         refused && attrs ? `${refused}: not a ${attrs} server (target_session_attrs=${attrs})` : "",
         unreachable ? `${unreachable}: no answer` : "",
+        ended ? `${ended}: the connection ended before it could be used` : "",
       ].filter(Boolean).join("; ") +
         ". akadze keeps trying every host, less often, and statements wait until one is " +
         "accepted: check that one server is up and, during a failover, that a standby is promoted",
-      { event: "db_no_server", refused, unreachable, targetSessionAttrs: attrs ?? null },
+      { event: "db_no_server", refused, unreachable, ended, targetSessionAttrs: attrs ?? null },
     );
   });
 }

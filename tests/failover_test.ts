@@ -113,7 +113,11 @@ async function failover(attrs: "read-write" | "primary"): Promise<void> {
         }
         // With primary, the driver waits for a primary to appear (the promotion must come
         // within the heartbeat TTL).
-        assertEquals(exited, [null, null], "the workers exited before the promotion");
+        assertEquals(
+          exited,
+          [null, null],
+          `the workers exited before the promotion: ${JSON.stringify(exited)}`,
+        );
         await standby.promote();
         for (let i = 0; i < LATER; i++) await work.enqueue({});
         await waitFor(
@@ -123,7 +127,7 @@ async function failover(attrs: "read-write" | "primary"): Promise<void> {
           "every job to finish on the new primary",
           60_000,
         );
-        assertEquals(exited, [null, null], "a worker exited");
+        assertEquals(exited, [null, null], `a worker exited: ${JSON.stringify(exited)}`);
         assertEquals(await countJobs(onStandby, "succeeded"), JOBS + LATER);
         // One line per worker says what happened, even where the driver hid the failover.
         for (const w of workers) {
