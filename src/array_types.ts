@@ -11,18 +11,15 @@
  *
  * @module
  */
-/** Builtin element type OID → its array type OID (PostgreSQL's pg_type, the same in every version). */
+/**
+ * The array types akadze's own statements use: builtin element type OID → array type OID
+ * (fixed in PostgreSQL's pg_type, the same in every version). Others are left to the driver.
+ */
 const BUILTIN_ARRAYS: ReadonlyArray<readonly [element: number, array: number]> = [
   [16, 1000], // boolean
   [20, 1016], // bigint
-  [21, 1005], // smallint
   [23, 1007], // integer
   [25, 1009], // text
-  [114, 199], // json
-  [701, 1022], // double precision
-  [1043, 1015], // varchar
-  [1184, 1185], // timestamptz
-  [3802, 3807], // jsonb
 ];
 
 /** The parts of postgres.js's parsed options the array types live in. */
