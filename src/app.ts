@@ -13,6 +13,7 @@ import {
   type TransactionSql,
 } from "./db.ts";
 import type { NodePostgresClient } from "./node_postgres.ts";
+import { installArrayTypes } from "./array_types.ts";
 import { guardTypeFetch, installDriverGuard } from "./driver_guard.ts";
 import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
 import { AkadzeError, JobNotFound } from "./errors.ts";
@@ -217,7 +218,11 @@ export class Akadze {
     if (max === undefined && sql === undefined) max = poolSizeFromEnv();
     this.#owned = sql === undefined;
     // An adopted pool fetches types on each new connection too (connect() guards its own).
-    if (sql) guardTypeFetch();
+    if (sql) {
+      guardTypeFetch();
+      // Its statements with array parameters must not depend on the driver's lazy type fetch.
+      installArrayTypes(sql);
+    }
     this.sql = sql ?? connect(databaseUrl as string, { max, prepare: options.prepare });
     this.tasks = this.#tasks;
     this.schedules = this.#schedules;

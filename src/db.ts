@@ -7,6 +7,7 @@
 import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
+import { installArrayTypes } from "./array_types.ts";
 import { guardTypeFetch } from "./driver_guard.ts";
 import { readEnv } from "./env.ts";
 import { openSocket } from "./startup_guard.ts";
@@ -67,9 +68,55 @@ export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql 
   if (typeof databaseUrl !== "string" || !/^postgres(ql)?:\/\//.test(databaseUrl)) {
     throw new AkadzeError("databaseUrl must be a postgres:// or postgresql:// URL");
   }
+  const authority = databaseUrl.slice(databaseUrl.indexOf("://") + 3).split(/[/?#]/)[0];
+  if (authority.indexOf("@") !== authority.lastIndexOf("@")) {
+    // The driver would take the part of the password after the first @ for a host name, and
+    // print it in its errors.
+    throw new AkadzeError(
+      "the database URL has more than one @ before its host: write each @ of the user name or " +
+        "password as %40 (postgres://app:p%40ss@db/app). The URL is not shown: it holds the password",
+    );
+  }
+  checkPorts(authority.slice(authority.lastIndexOf("@") + 1));
   // Each new connection first fetches the array types, and a connection lost during that
   // fetch leaves an unhandled rejection behind that would end the process.
   guardTypeFetch();
+  let sql: Sql;
+  try {
+    sql = newPool(databaseUrl, options);
+  } catch (error) {
+    // The driver's "Invalid URL: '…'" quotes the whole URL, password included.
+    if (error instanceof TypeError && /^Invalid URL/.test(error.message)) {
+      throw new AkadzeError(
+        "the database URL is not a valid URL: check its host names, ports and the %-encoding " +
+          "of its user name and password. The URL is not shown: it holds the password",
+      );
+    }
+    throw error;
+  }
+  // Known before the first statement, not learned by it (see array_types.ts).
+  installArrayTypes(sql);
+  return sql;
+}
+
+/**
+ * Refuse a port that is not a TCP port in the URL's host list (`h1:5432,h2:5433`): the
+ * driver would throw an uncaught RangeError for it on connecting, or wait forever.
+ */
+function checkPorts(hosts: string): void {
+  for (const entry of hosts.split(",")) {
+    const [, host, port] = /^(\[[^\]]*\]|[^:]*)(?::(.*))?$/.exec(entry) ?? [];
+    if (port === undefined || port === "") continue;
+    if (!/^\d{1,5}$/.test(port) || Number(port) < 1 || Number(port) > 65535) {
+      throw new AkadzeError(
+        `the database URL gives host ${host || "(empty)"} the port ${port}, which is not a port ` +
+          "number (1 to 65535): correct the URL",
+      );
+    }
+  }
+}
+
+function newPool(databaseUrl: string, options: ConnectOptions): Sql {
   return postgres(databaseUrl, {
     ...(urlHasUser(databaseUrl) ? {} : { user: defaultUser() }),
     max: options.max ?? 10,
@@ -132,7 +179,9 @@ function osUser(): string | undefined {
 }
 
 // The scheme is bounded: unbounded, a long run of letters costs quadratic time to scan.
-const URL_CREDENTIALS = /([a-z][a-z0-9+.-]{0,31}:\/\/[^:/?#@\s]*):[^@/\s]*@/gi;
+// The password runs to the last @ before the path, so that one with an unencoded @ is hidden
+// whole.
+const URL_CREDENTIALS = /([a-z][a-z0-9+.-]{0,31}:\/\/[^:/?#@\s]*):[^/?#\s]*@/gi;
 const PASSWORD_PARAM = /(password=)[^&\s'"]*/gi;
 
 /**
@@ -279,7 +328,45 @@ export function schemaMissingMessage(schema: string, error: unknown): string {
     `date): run akadze migrate, or migrate() from code (${describeError(error)})`;
 }
 
-const TRANSIENT_SQLSTATES = new Set(["57P01", "57P02", "57P03", "53300", "40001", "40P01"]);
+const TRANSIENT_SQLSTATES = new Set([
+  "57P01",
+  "57P02",
+  "57P03",
+  "53100",
+  "53300",
+  "40001",
+  "40P01",
+  "25006",
+]);
+
+/** What PostgreSQL says when a statement needs a primary but reached a server in recovery. */
+const IN_RECOVERY = /\b(during recovery|while recovery is in progress|recovery is in progress)\b/i;
+
+/**
+ * Whether `error` (or its cause) is a server refusing a write because it is read-only: a
+ * hot standby (`cannot execute UPDATE in a read-only transaction`, SQLSTATE 25006, or
+ * `... during recovery`), which a multi-host URL can reach while a failover is under way.
+ * A new connection may reach the new primary.
+ *
+ * @example
+ * ```ts ignore
+ * import { isReadOnlyError } from "./db.ts";
+ * isReadOnlyError(Object.assign(new Error("x"), { code: "25006" })); // true
+ * ```
+ */
+export function isReadOnlyError(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e && typeof e === "object" && depth < 5; depth++) {
+    const { code, message } = e as { code?: unknown; message?: unknown };
+    if (code === "25006") return true;
+    if (
+      typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) && IN_RECOVERY.test(String(message))
+    ) {
+      return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
 const TRANSIENT_DRIVER_CODES = new Set([
   "CONNECTION_CLOSED",
   "CONNECTION_ENDED",
@@ -305,8 +392,10 @@ const TRANSIENT_DENO_ERRORS = new Set([
 /**
  * Whether a database error is transient (worth retrying with backoff): connection
  * exceptions (SQLSTATE class 08), admin/crash shutdown and cannot-connect-now
- * (57P01/57P02/57P03), too many connections (53300), serialization failure (40001),
- * deadlock (40P01), and the driver's and runtime's connection errors.
+ * (57P01/57P02/57P03), disk full (53100), too many connections (53300),
+ * serialization failure (40001), deadlock (40P01), a read-only server such as a standby
+ * during a failover ({@linkcode isReadOnlyError}), and the driver's and runtime's
+ * connection errors.
  *
  * @example
  * ```ts
@@ -322,6 +411,7 @@ export function isTransientError(error: unknown): boolean {
       if (TRANSIENT_DRIVER_CODES.has(code)) return true;
       if (/^[0-9A-Z]{5}$/.test(code)) {
         if (code.startsWith("08") || TRANSIENT_SQLSTATES.has(code)) return true;
+        if (isReadOnlyError(e)) return true;
       }
     }
     const name = (e as { name?: unknown }).name;
@@ -340,6 +430,31 @@ export function isTransientError(error: unknown): boolean {
 export function hideQuotedInput(message: string, code: unknown): string {
   if (typeof code !== "string" || !/^22[0-9A-Z]{3}$/.test(code)) return message;
   return message.replace(/"[\s\S]*"/, '"***"');
+}
+
+/** What postgres.js's connection errors mean, and what to look at. */
+const CONNECTION_ERRORS: Record<string, string> = {
+  CONNECTION_CLOSED: "the database server closed the connection while it was in use (a restart, " +
+    "a failover, a terminated session, or a server timeout such as " +
+    "idle_in_transaction_session_timeout ending a transaction that waited too long)",
+  CONNECTION_DESTROYED: "the connection was ended while a statement was using it (the pool " +
+    "closing, or a statement that did not answer in time)",
+  CONNECTION_ENDED: "the connection had already been ended (the pool is closed)",
+  CONNECT_TIMEOUT: "no PostgreSQL server answered within the connect timeout (connectTimeout, " +
+    "or connect_timeout in the URL): check that the server is up and reachable and that the URL " +
+    "names it",
+};
+
+/**
+ * postgres.js names its connection errors `write CONNECTION_CLOSED host:port`, whatever was
+ * being done: the message for such an error says what happened instead, with the code and
+ * the address. Other messages are returned as they are.
+ */
+export function explainConnectionError(message: string, code: unknown): string {
+  if (typeof code !== "string" || !Object.hasOwn(CONNECTION_ERRORS, code)) return message;
+  const match = new RegExp(`^write ${code}(?: (.*))?$`).exec(message);
+  if (!match) return message;
+  return `${CONNECTION_ERRORS[code]} (${code}${match[1] ? `, ${match[1]}` : ""})`;
 }
 
 /**
@@ -362,13 +477,7 @@ export function describeError(error: unknown, secrets: readonly string[] = []): 
     if (error instanceof Error) {
       const code = (error as { code?: unknown }).code;
       text = hideQuotedInput(String(error.message || error.name), code);
-      if (code === "CONNECT_TIMEOUT") {
-        // postgres.js says "write CONNECT_TIMEOUT host:port": say what it means.
-        const where = text.split(" ").pop();
-        text = `no PostgreSQL server answered at ${where} within the connect timeout ` +
-          "(connectTimeout, or connect_timeout in the URL): check that the server is up and " +
-          "reachable and that the URL names it";
-      }
+      text = explainConnectionError(text, code);
       if (typeof code === "string" && !text.includes(code)) text = `${text} (${code})`;
     } else {
       text = String(error);

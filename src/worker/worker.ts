@@ -10,7 +10,7 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError, jobsChannel } from "../db.ts";
+import { describeError, isReadOnlyError, isTransientError, jobsChannel } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { activeTracer, readTraceContexts } from "../tracing.ts";
 import { LoopConnection } from "../loop_connection.ts";
@@ -110,8 +110,8 @@ export class Worker {
       hostname: host,
       pid: Deno.pid,
       giveUpUnregistered: config.batch,
-      // The connection may hang (a partition, a dead peer): the next beat takes a new one.
-      onTimeout: () => this.#connection.reset(),
+      // A hung connection (a partition) or one on a standby: the next beat takes a new one.
+      onBadConnection: () => this.#connection.reset(),
     });
     this.#rescuer = new Rescuer(loopSql, { schema, hooks, interval: config.heartbeatInterval });
     const prune = { schema, retention: app.retention, grace: app.grace };
@@ -342,6 +342,8 @@ export class Worker {
         dbBackoff = 0;
       } catch (error) {
         if (!isTransientError(error)) return fatalExit(error, this.#app.schema);
+        // A connection on a standby stays there: a new one tries the URL's hosts again.
+        if (isReadOnlyError(error)) this.#connection.reset();
         // A claim may have committed (in part, with hooks) while its reply was lost: the
         // next beat looks for jobs running under this id that the worker does not know of.
         this.#heartbeat.orphansMayExist();
