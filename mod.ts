@@ -97,6 +97,7 @@ export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts"
 export {
   ACTIVE_STATES,
   type AfterRunHook,
+  attemptNumber,
   type BeforeRunHook,
   type EnqueuedJob,
   type Hooks,
@@ -126,6 +127,7 @@ export {
   getJob,
   type GetJobOptions,
   type JobDetail,
+  type JobError,
   type JobFilter,
   type JobSummary,
   listJobs,

@@ -11,6 +11,9 @@ import claimFloor from "../migrations/0004_claim_floor.sql" with { type: "text" 
 import searchPath from "../migrations/0005_search_path.sql" with { type: "text" };
 import sqlArgsSize from "../migrations/0006_sql_args_size.sql" with { type: "text" };
 import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "text" };
+import attemptWorkerDeadLetters from "../migrations/0010_attempt_worker_dead_letters.sql" with {
+  type: "text",
+};
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -50,6 +53,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0005_search_path", sql: searchPath },
   { version: "0006_sql_args_size", sql: sqlArgsSize },
   { version: "0007_await_progress", sql: awaitProgress },
+  { version: "0010_attempt_worker_dead_letters", sql: attemptWorkerDeadLetters },
 ];
 
 /** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */

@@ -203,7 +203,7 @@ Deno.test("ctx exposes the job, deadline and remaining(); current() works inside
       task: "ctx.task",
       same: true,
       queue: "q",
-      attempt: 0,
+      attempt: 1, // the first run is attempt 1
       runCount: 1,
       deadline: true,
       remaining: true,

@@ -16,7 +16,7 @@ import {
   type TransactionSql,
 } from "../db.ts";
 import { AkadzeError, DuplicateJob } from "../errors.ts";
-import { ACTIVE_STATES, JOB_STATES, type JobState, stateList } from "../job.ts";
+import { ACTIVE_STATES, attemptNumber, JOB_STATES, type JobState, stateList } from "../job.ts";
 import { type FieldsOf, fieldsOf, type Same, selectList } from "../job_columns.ts";
 import { checkQueueName, isIntegerIn, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
@@ -126,7 +126,10 @@ export interface JobSummary {
   state: JobState;
   /** Priority. */
   priority: number;
-  /** Attempts spent. */
+  /**
+   * The current or last counted attempt's number, 1-based; 0 before the first run (see
+   * `attemptNumber`).
+   */
   attempt: number;
   /** Attempt budget. */
   maxAttempts: number;
@@ -397,7 +400,7 @@ export interface JobDetail extends JobSummary {
    * The last errors, oldest first: name, message, when, and where it was thrown (`stack`:
    * one `at …` frame per line; absent for errors without one, such as `WorkerLost`).
    */
-  errors: { error: string; message: string; at: string; stack?: string }[];
+  errors: JobError[];
   /**
    * The last progress its run reported with `ctx.progress` (a number or small JSON), or
    * null. A retried job shows the previous run's until the new run reports.
@@ -407,6 +410,20 @@ export interface JobDetail extends JobSummary {
   args?: Record<string, unknown>;
   /** The result (only with `includeResult`). */
   result?: unknown;
+}
+
+/** One stored error of a job (see {@linkcode JobDetail}). */
+export interface JobError {
+  /** The error's name (`TypeError`, `WorkerLost`, ...). */
+  error: string;
+  /** What went wrong (redacted: no argument values or credentials). */
+  message: string;
+  /** When it was stored (ISO 8601, database clock). */
+  at: string;
+  /** Where it was thrown: one `at …` frame per line; absent for errors without one. */
+  stack?: string;
+  /** The number of the attempt whose run ended with it, 1-based (absent on older entries). */
+  attempt?: number;
 }
 
 /** Options of {@linkcode getJob}. */
@@ -477,5 +494,6 @@ export function normalizeId(jobId: string | number | bigint): string {
 }
 
 function toSummary(r: Record<string, unknown>): JobSummary {
-  return fieldsOf("summary", r);
+  const summary = fieldsOf("summary", r);
+  return { ...summary, attempt: attemptNumber(summary.attempt, summary.state) };
 }

@@ -262,7 +262,7 @@ export class Executor {
     }
     if (kind === "Cancel") return { ...base, kind: "cancel", error: entry(error) };
     if (kind === "Fail") return { ...base, kind: "fail", error: entry(error) };
-    const spent = job.attempt + 1;
+    const spent = job.attempt; // this run's number: the attempts spent once it fails
     const backoff = nextDelay(task?.backoff, spent, error);
     if (backoff === null) return { ...base, kind: "fail", error: entry(cause) };
     return { ...base, kind: "retry", delayMs: backoff, error: entry(cause) };

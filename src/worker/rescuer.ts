@@ -100,7 +100,8 @@ export class Rescuer extends Periodic<RescueResult> {
         worker_id = null,
         -- Worded as rescueMessage() says: chargeBlock finds the entry by it.
         errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
-          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run'))
+          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run',
+          'attempt', j.attempt + 1))
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}`;
     this.#find = { stale: find(stale), full: find(full) };
@@ -122,12 +123,11 @@ export class Rescuer extends Periodic<RescueResult> {
             or j.worker_id is distinct from $1)
       update ${s}.jobs j set
         errors = (select jsonb_agg(case when t.e = hit.entry
-                                        then jsonb_build_object(
+                                        then t.e || jsonb_build_object(
                                                'error', case when hit.culprit
                                                              then 'LoopBlocked'
                                                              else 'WorkerLost' end,
-                                               'message', case when hit.culprit then $6 else $7 end,
-                                               'at', t.e->'at')
+                                               'message', case when hit.culprit then $6 else $7 end)
                                         else t.e end order by t.i)
                     from jsonb_array_elements(j.errors) with ordinality t(e, i)),
         attempt = case when hit.culprit or j.state = 'failed' then j.attempt

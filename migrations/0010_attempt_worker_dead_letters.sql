@@ -1,0 +1,52 @@
+-- akadze schema, version 0010: each stored error entry says which attempt it ended (1-based).
+-- "{{schema}}" is replaced by the quoted schema name.
+--
+-- complete_jobs is 0001's with 0005's search_path; the error entry it appends gets `attempt`,
+-- the number of the run's attempt (the attempts spent before it, plus one). Replacing a
+-- function takes no lock on the jobs table: workers running meanwhile call the old body or
+-- the new one, statement by statement.
+CREATE OR REPLACE FUNCTION {{schema}}.complete_jobs(
+  p_ids bigint[], p_run_counts integer[], p_kinds text[], p_results text[], p_errors text[],
+  p_delays_ms float8[])
+RETURNS TABLE (id text, state text, attempt integer, run_at_ms float8)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  -- As in 0001: each outcome finds its job by primary key.
+  v_running CONSTANT text := 'running';
+BEGIN
+  RETURN QUERY
+  UPDATE {{schema}}.jobs j SET
+    state = {{schema}}.outcome_state(
+      j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts),
+    attempt = j.attempt + (j.cancel_requested_at IS NULL AND o.kind IN ('retry', 'fail'))::int,
+    snoozes = j.snoozes + (j.cancel_requested_at IS NULL AND o.kind = 'snooze')::int,
+    run_at = CASE WHEN {{schema}}.outcome_state(
+                         j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts)
+                       = 'queued'
+                  THEN now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
+                  ELSE j.run_at END,
+    result = CASE WHEN {{schema}}.outcome_state(
+                         j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts)
+                       = 'succeeded'
+                  THEN o.result::jsonb END,
+    -- Both branches of the domain type: no domain check unless an error is appended.
+    errors = CASE WHEN o.error IS NULL THEN j.errors
+                  ELSE {{schema}}.append_error(j.errors,
+                         o.error::jsonb || jsonb_build_object('attempt', j.attempt + 1)) END,
+    worker_id = NULL,
+    finished_at = CASE WHEN {{schema}}.outcome_state(
+                              j.cancel_requested_at IS NOT NULL, o.kind, j.attempt,
+                              j.max_attempts) = 'queued'
+                       THEN NULL ELSE now() END
+  FROM unnest(p_ids, p_run_counts, p_kinds, p_results, p_errors, p_delays_ms)
+         AS o(id, run_count, kind, result, error, delay_ms)
+  WHERE j.id = o.id AND j.run_count = o.run_count AND j.state = v_running
+  RETURNING j.id::text, j.state, j.attempt, date_part('epoch', j.run_at) * 1000;
+END
+$$;
