@@ -1,8 +1,11 @@
--- akadze schema, version 0010: each stored error entry says which attempt it ended (1-based).
+-- akadze schema, version 0010: each stored error entry says which attempt it ended (1-based)
+-- and which worker ran it, and a finished job keeps the worker that ran its last run.
 -- "{{schema}}" is replaced by the quoted schema name.
 --
--- complete_jobs is 0001's with 0005's search_path; the error entry it appends gets `attempt`,
--- the number of the run's attempt (the attempts spent before it, plus one). Replacing a
+-- complete_jobs is 0001's with 0005's search_path, except that it keeps worker_id (the
+-- partial indexes on running jobs do not hold finished ones, so nothing reads more) and the
+-- error entry it appends gets `attempt`, the number of the run's attempt (the attempts spent
+-- before it, plus one), and `worker`, the worker that ran it. Replacing a
 -- function takes no lock on the jobs table: workers running meanwhile call the old body or
 -- the new one, statement by statement.
 CREATE OR REPLACE FUNCTION {{schema}}.complete_jobs(
@@ -38,8 +41,8 @@ BEGIN
     -- Both branches of the domain type: no domain check unless an error is appended.
     errors = CASE WHEN o.error IS NULL THEN j.errors
                   ELSE {{schema}}.append_error(j.errors,
-                         o.error::jsonb || jsonb_build_object('attempt', j.attempt + 1)) END,
-    worker_id = NULL,
+                         o.error::jsonb || jsonb_build_object('attempt', j.attempt + 1,
+                                                              'worker', j.worker_id)) END,
     finished_at = CASE WHEN {{schema}}.outcome_state(
                               j.cancel_requested_at IS NOT NULL, o.kind, j.attempt,
                               j.max_attempts) = 'queued'

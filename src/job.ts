@@ -99,7 +99,7 @@ export interface JobInfo {
   readonly createdAt: Date;
   /** When the current (or last) run started. */
   readonly startedAt: Date | null;
-  /** The worker running it. */
+  /** The worker running it, or that ran its last run (null before the first). */
   readonly workerId: string | null;
 }
 

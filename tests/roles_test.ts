@@ -108,7 +108,7 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
           throw new Fail("no");
         }),
         flaky: app.task("flaky", { maxAttempts: 2 }, (_args, ctx) => {
-          if (ctx.job.attempt === 0) throw new Error("first attempt fails");
+          if (ctx.job.attempt === 1) throw new Error("first attempt fails");
           return "second";
         }),
         sleepy: app.task(

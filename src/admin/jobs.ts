@@ -58,7 +58,7 @@ export async function requestCancel(
  * kept, one more attempt when its budget is spent, an expiry that has passed cleared.
  * {@linkcode requeue} and {@linkcode requeueJobs} both use it.
  */
-const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null, worker_id = null,
+const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null,
   result = null, cancel_requested_at = null,
   max_attempts = greatest(j.max_attempts, j.attempt + 1),
   expires_at = case when j.expires_at <= now() then null else j.expires_at end`;
@@ -143,7 +143,7 @@ export interface JobSummary {
   startedAt: Date | null;
   /** Finished at. */
   finishedAt: Date | null;
-  /** The worker running it. */
+  /** The worker running it, or that ran its last run (null before the first). */
   workerId: string | null;
   /** Unique key. */
   uniqueKey: string | null;
@@ -424,6 +424,8 @@ export interface JobError {
   stack?: string;
   /** The number of the attempt whose run ended with it, 1-based (absent on older entries). */
   attempt?: number;
+  /** The worker that ran that attempt (absent on older entries). */
+  worker?: string;
 }
 
 /** Options of {@linkcode getJob}. */

@@ -8,6 +8,7 @@ import {
   getJob,
   isTaskFilter,
   type JobDetail,
+  type JobError,
   type JobFilter,
   type JobSummary,
   listJobs,
@@ -98,16 +99,17 @@ Options:
   --args          include the arguments
   --result        include the result
   --json          a JSON object: the keys of jobs list --json plus snoozes, progress,
-                  errors ([{error, message, at, stack}]; stack is absent when there is
-                  none),
+                  errors ([{error, message, at, stack, attempt, worker}]; stack is absent
+                  when there is none; attempt and worker are absent on errors an
+                  older akadze stored),
                   and args / result when asked for
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
 Output: "key: value" lines (id, task, queue, state, priority, attempt, maxAttempts,
 runCount, runAt, createdAt, startedAt, finishedAt, workerId, uniqueKey, limitKey,
-expiresAt, cancelRequested, snoozes, progress: JSON, errors: COUNT), then "error: AT NAME: MESSAGE" per
-error, followed by its stack frames, one "  at ..." line each; then "args: JSON" and
+expiresAt, cancelRequested, snoozes, progress: JSON, errors: COUNT), then
+"error: AT NAME: MESSAGE (attempt N on WORKER)" per error, followed by its stack frames, one "  at ..." line each; then "args: JSON" and
 "result: JSON" when asked for. "-" stands for none; times are ISO 8601 in UTC.
 
 Exit codes: 0 shown, 1 job not found or database failure, 2 usage error.`;
@@ -333,7 +335,7 @@ async function showCommand(args: string[]): Promise<number> {
     ["errors", job.errors.length],
   ]);
   for (const e of job.errors) {
-    console.log(safeText(`error: ${oneLine(`${e.at} ${e.error}: ${e.message}`)}`));
+    console.log(safeText(`error: ${oneLine(`${e.at} ${e.error}: ${e.message}${ranBy(e)}`)}`));
     if (typeof e.stack !== "string") continue;
     for (const frame of e.stack.split("\n")) {
       if (frame.trim() !== "") console.log(safeText(`  ${oneLine(frame)}`));
@@ -342,6 +344,15 @@ async function showCommand(args: string[]): Promise<number> {
   if (values.args) console.log(`args: ${safeJson(job.args ?? null)}`);
   if (values.result) console.log(`result: ${safeJson(job.result ?? null)}`);
   return 0;
+}
+
+/** ` (attempt N on WORKER)` for an error entry that says so (older entries do not). */
+function ranBy(e: JobError): string {
+  const parts = [
+    typeof e.attempt === "number" ? `attempt ${e.attempt}` : "",
+    typeof e.worker === "string" ? `on ${e.worker}` : "",
+  ].filter(Boolean);
+  return parts.length === 0 ? "" : ` (${parts.join(" ")})`;
 }
 
 function detailJson(job: JobDetail, args: boolean, result: boolean): Record<string, unknown> {
@@ -354,6 +365,8 @@ function detailJson(job: JobDetail, args: boolean, result: boolean): Record<stri
       message: e.message,
       at: e.at,
       ...(typeof e.stack === "string" ? { stack: e.stack } : {}),
+      ...(typeof e.attempt === "number" ? { attempt: e.attempt } : {}),
+      ...(typeof e.worker === "string" ? { worker: e.worker } : {}),
     })),
   };
   if (args) out.args = job.args ?? null;

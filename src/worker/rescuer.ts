@@ -97,11 +97,11 @@ export class Rescuer extends Periodic<RescueResult> {
         finished_at = case when ${s}.outcome_state(false, 'retry', j.attempt, j.max_attempts)
                                 = 'queued'
                            then null else now() end,
-        worker_id = null,
+        -- worker_id stays: the lost worker ran this attempt.
         -- Worded as rescueMessage() says: chargeBlock finds the entry by it.
         errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
           'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run',
-          'attempt', j.attempt + 1))
+          'attempt', j.attempt + 1, 'worker', lost.worker_id))
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}`;
     this.#find = { stale: find(stale), full: find(full) };
