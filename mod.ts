@@ -93,6 +93,7 @@ export {
 export type { EnqueueOptions } from "./src/enqueue.ts";
 export type { NodePostgresClient } from "./src/node_postgres.ts";
 export { current, type JobContext } from "./src/context.ts";
+export type { DeadLetter } from "./src/dead_letter.ts";
 export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
 export {
   ACTIVE_STATES,

@@ -380,7 +380,7 @@ Deno.test("stop waits for a short job; a long one goes back to queued without sp
     assertEquals(byId.get(s)?.state, "succeeded");
     assertEquals(
       [byId.get(l)?.state, byId.get(l)?.attempt, byId.get(l)?.worker_id],
-      ["queued", 0, null],
+      ["queued", 0, w.worker.id], // it keeps the worker that ran it
     );
     assert(abortedLong);
   });

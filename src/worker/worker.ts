@@ -9,6 +9,7 @@
  *
  * @module
  */
+import { deadLetterTargets } from "../dead_letter.ts";
 import type { Akadze } from "../app.ts";
 import { describeError, isTransientError } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
@@ -109,7 +110,13 @@ export class Worker {
       // The connection may hang (a partition, a dead peer): the next beat takes a new one.
       onTimeout: () => this.#connection.reset(),
     });
-    this.#rescuer = new Rescuer(loopSql, { schema, hooks, interval: config.heartbeatInterval });
+    const deadLetters = deadLetterTargets(app.tasks);
+    this.#rescuer = new Rescuer(loopSql, {
+      schema,
+      hooks,
+      interval: config.heartbeatInterval,
+      deadLetters,
+    });
     const prune = { schema, retention: app.retention, grace: app.grace };
     this.#pruner = new Pruner(app.sql, { ...prune, interval: config.pruneInterval });
     this.#scheduler = config.schedules ? new Scheduler(loopSql, { app }) : null;
@@ -125,6 +132,7 @@ export class Worker {
       // The last writes go on the loop's connection (see #abandonRuns).
       finalSql: loopSql,
       metrics: this.metrics,
+      deadLetters,
       // An outcome or release not written may leave its job running under this id.
       onUnwritten: () => this.#heartbeat.orphansMayExist(),
       onSettled: () => {
