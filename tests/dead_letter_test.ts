@@ -1,6 +1,6 @@
 // Dead letters: a task's jobs that fail for good enqueue a job of its deadLetter task, with
 // the failed job's id, task, queue, arguments and errors, in the same transaction.
-import { type DeadLetter, Fail, getJob, requeue } from "../mod.ts";
+import { Akadze, type DeadLetter, Fail, getJob, requeue } from "../mod.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { Rescuer } from "../src/worker/rescuer.ts";
 import { deadLetterTargets } from "../src/dead_letter.ts";
@@ -123,14 +123,9 @@ Deno.test("a rescue that fails a job on its last attempt dead-letters it", async
 });
 
 Deno.test("deadLetter is checked at registration", async () => {
-  await withApp("dead_letter_options", async (app) => {
-    const bad = [
-      "self",
-      "",
-      { task: "x", queue: "no spaces" },
-      { task: "x", other: 1 },
-      42,
-    ];
+  const app = new Akadze({ databaseUrl: "postgres://localhost/unused" }); // connects lazily
+  try {
+    const bad = ["self", "", { task: "x", queue: "no spaces" }, { task: "x", other: 1 }, 42];
     for (const deadLetter of bad) {
       assertThrows(
         () => app.task("self", { deadLetter: deadLetter as never }, () => {}),
@@ -143,5 +138,7 @@ Deno.test("deadLetter is checked at registration", async () => {
     assertEquals(targets.get("named"), { task: "elsewhere", queue: "graveyard" });
     assertEquals(targets.get("plain"), { task: "unknown.task", queue: "default" });
     assert(!targets.has("self"));
-  }, {});
+  } finally {
+    await app.close();
+  }
 });
