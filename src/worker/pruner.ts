@@ -75,7 +75,7 @@ export class Pruner extends Periodic<PruneResult> {
       jobs: deleteOldJobsStatement(s, true),
       // By ctid: the rows are locked by the same statement, so their ctid cannot change.
       // Each schedule's last row stays (a backfill starts after it), and so does a row
-      // inserted within the grace (a backfilled fire is old, but a worker still running the
+      // inserted within the keep (a backfilled fire is old, but a worker still running the
       // same backfill pass must find it taken).
       periodicRuns: `delete from ${s}.periodic_runs where ctid = any(array(
                select r.ctid from ${s}.periodic_runs r

@@ -63,7 +63,7 @@ export class Rescuer extends Periodic<RescueResult> {
   #removeStale: string;
   #chargeBlock: string;
   /** The dead-letter targets as the rescue's parameters: tasks, their targets, the queues. */
-  #deadLetters: [string[], string[], string[]];
+  #deadLetters: [string[], string[], string[]] | [null, null, null];
   #fullEvery: number;
   #fullAt = -Infinity;
 
@@ -74,7 +74,8 @@ export class Rescuer extends Periodic<RescueResult> {
     this.#sql = sql;
     this.#hooks = config.hooks;
     const targets = [...(config.deadLetters ?? new Map<string, DeadLetterTarget>())];
-    this.#deadLetters = [
+    // No targets: NULLs (unnest yields no row), since an empty list is sent as text.
+    this.#deadLetters = targets.length === 0 ? [null, null, null] : [
       targets.map(([task]) => task),
       targets.map(([, t]) => t.task),
       targets.map(([, t]) => t.queue),
