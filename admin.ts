@@ -69,7 +69,13 @@ export {
   type RequeueJobsResult,
 } from "./src/admin/jobs.ts";
 export { pruneJobs, type PruneJobsOptions } from "./src/admin/prune.ts";
-export { ACTIVE_STATES, JOB_STATE_KINDS, JOB_STATES, TERMINAL_STATES } from "./src/job.ts";
+export {
+  ACTIVE_STATES,
+  attemptNumber,
+  JOB_STATE_KINDS,
+  JOB_STATES,
+  TERMINAL_STATES,
+} from "./src/job.ts";
 
 // Queues.
 export {

@@ -82,7 +82,7 @@ export type { StandardSchemaV1 } from "./src/standard_schema.ts";
 
 // Awaiting a job's result.
 export type { WaitOptions } from "./src/wait.ts";
-export type { FlowStepSummary, JobDetail } from "./src/admin/jobs.ts";
+export type { FlowStepSummary, JobDetail, JobError } from "./src/admin/jobs.ts";
 
 // Schedules.
 export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";
@@ -90,6 +90,7 @@ export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/sched
 // The running job: its context, the hooks, and the outcomes a handler throws.
 export { current, type JobContext } from "./src/context.ts";
 export type { SandboxContext, SandboxHandler, SandboxOptions, SandboxSpec } from "./src/sandbox.ts";
+export type { DeadLetter } from "./src/dead_letter.ts";
 export type { EnqueuedJob, Hooks, JobInfo, JobState } from "./src/job.ts";
 export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
 

@@ -157,8 +157,8 @@ export function register(app: Akadze): void {
   app.task(TASKS.flaky, { ...attempts, backoff: () => 150 }, async (args, ctx) => {
     const nonce = await start(ctx);
     const failures = Number(args.failures);
-    if (ctx.job.attempt < failures) {
-      throw new PlannedFailure(`planned failure ${ctx.job.attempt + 1} of ${failures}`);
+    if (ctx.job.attempt <= failures) { // attempts are numbered from 1
+      throw new PlannedFailure(`planned failure ${ctx.job.attempt} of ${failures}`);
     }
     await commit(ctx, nonce);
   });

@@ -21,8 +21,8 @@ export const greet = app.task(
 
 /** Fails its first attempt (a transient error), then succeeds on the retry 200 ms later. */
 export const flaky = app.task("flaky", { backoff: () => 200 }, (_args, ctx) => {
-  if (ctx.job.attempt === 0) throw new Error("the upstream service timed out");
-  return `worked on attempt ${ctx.job.attempt + 1}`;
+  if (ctx.job.attempt === 1) throw new Error("the upstream service timed out");
+  return `worked on attempt ${ctx.job.attempt}`;
 });
 
 class PaymentDeclined extends Error {

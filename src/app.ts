@@ -83,7 +83,7 @@ export interface AkadzeOptions {
 
 /**
  * Options of `app.periodic`: the schedule (`cron` or `every`, `overlap`, `timezone`,
- * `args` = the arguments of every fire) plus the task options, with the argument schema
+ * `backfill`, `args` = the arguments of every fire) plus the task options, with the argument schema
  * under `schema` (since `args` holds the values here).
  */
 export type PeriodicOptions<S extends StandardSchemaV1 | undefined = undefined> =
@@ -342,8 +342,8 @@ export class Akadze {
     if (!isPlainObject(options)) {
       throw new AkadzeError(`periodic "${name}": options must be an object`);
     }
-    const { cron, every, overlap, timezone, args, schema, ...taskOptions } = options;
-    const spec: ScheduleSpec = { cron, every, overlap, timezone, args };
+    const { cron, every, overlap, timezone, backfill, args, schema, ...taskOptions } = options;
+    const spec: ScheduleSpec = { cron, every, overlap, timezone, backfill, args };
     for (const key of Object.keys(spec) as (keyof ScheduleSpec)[]) {
       if (spec[key] === undefined) delete spec[key];
     }

@@ -79,7 +79,7 @@ const storage: AsyncLocalStorage<JobContext> =
  * @example
  * ```ts ignore
  * import { current } from "@akadze/akadze";
- * console.log(`attempt ${current().job.attempt + 1}`);
+ * console.log(`attempt ${current().job.attempt}`); // 1 on the first run
  * ```
  */
 export function current(): JobContext {

@@ -50,6 +50,24 @@ export function stateList(states: readonly JobState[]): string {
   return states.map((state) => `'${state}'`).join(", ");
 }
 
+/**
+ * The number of a job's current or last counted attempt, 1-based, as every user-facing view
+ * shows it (`ctx.job.attempt`, hooks, `listJobs`, the CLI, the logs): 1 during the first
+ * run and after a first run that succeeded or failed; 0 for a job that has not run. The
+ * table's `attempt` column counts the attempts spent (failed or lost runs); a run in
+ * progress and a success count too. A snooze, a release at shutdown and a cancel do not
+ * count.
+ *
+ * @example
+ * ```ts
+ * import { attemptNumber } from "@akadze/akadze/admin";
+ * console.log(attemptNumber(0, "running")); // 1: the first run
+ * ```
+ */
+export function attemptNumber(spent: number, state: JobState): number {
+  return state === "running" || state === "succeeded" ? spent + 1 : spent;
+}
+
 /** A job as seen by hooks and handlers (never its arguments' or result's history). */
 export interface JobInfo {
   /** The job id, a decimal string (bigint in the database). */
@@ -60,7 +78,10 @@ export interface JobInfo {
   readonly queue: string;
   /** Higher runs first. */
   readonly priority: number;
-  /** Attempts spent before this run. */
+  /**
+   * This attempt's number, 1-based (1 on the first run; see {@linkcode attemptNumber}).
+   * After a transition: the last counted attempt's.
+   */
   readonly attempt: number;
   /** Claims so far, including this run's (the fencing token). */
   readonly runCount: number;
@@ -80,7 +101,7 @@ export interface JobInfo {
   readonly createdAt: Date;
   /** When the current (or last) run started. */
   readonly startedAt: Date | null;
-  /** The worker running it. */
+  /** The worker running it, or that ran its last run (null before the first). */
   readonly workerId: string | null;
 }
 

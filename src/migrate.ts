@@ -15,6 +15,9 @@ import flows from "../migrations/0008_flows.sql" with { type: "text" };
 import flowIndexes from "../migrations/0009_flow_indexes.sql" with { type: "text" };
 import traceContext from "../migrations/0010_trace_context.sql" with { type: "text" };
 import flowOps from "../migrations/0011_flow_ops.sql" with { type: "text" };
+import attemptWorkerDeadLetters from "../migrations/0012_attempt_worker_dead_letters.sql" with {
+  type: "text",
+};
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -58,6 +61,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0009_flow_indexes", sql: flowIndexes },
   { version: "0010_trace_context", sql: traceContext },
   { version: "0011_flow_ops", sql: flowOps },
+  { version: "0012_attempt_worker_dead_letters", sql: attemptWorkerDeadLetters },
 ];
 
 /** Options of {@linkcode migrate}. */

@@ -22,6 +22,14 @@ export interface ScheduleSpec {
   overlap?: boolean;
   /** IANA time zone for `cron`. Default `"UTC"`. */
   timezone?: string;
+  /**
+   * Milliseconds back from now within which fires missed while no worker ran (an outage, a
+   * deploy) are enqueued when a worker runs again: each once across all workers, oldest
+   * first, each job's `runAt` its fire time. Only fires after the schedule's last recorded
+   * one count, so a new schedule does not fire for its past. Default 0: only the most recent
+   * fire within the app's `grace`.
+   */
+  backfill?: number;
   /** The task arguments of every fire (validated now against the task's schema). Default `{}`. */
   args?: Record<string, unknown>;
   /** The schedule's name (unique in the app). Default: the task name. */
@@ -34,7 +42,7 @@ export interface NamedScheduleSpec extends ScheduleSpec {
   task: string;
 }
 
-const SPEC_NAMES = new Set(["cron", "every", "overlap", "timezone", "args", "name"]);
+const SPEC_NAMES = new Set(["cron", "every", "overlap", "timezone", "backfill", "args", "name"]);
 const CRON_ALIASES = new Set([
   "@yearly",
   "@annually",
@@ -47,6 +55,8 @@ const CRON_ALIASES = new Set([
 /** Intervals must be at least a second and at most a year. */
 const EVERY_MIN = 1_000;
 const EVERY_MAX = 366 * 86_400_000;
+/** The longest backfill window: 31 days. */
+const BACKFILL_MAX = 31 * 86_400_000;
 
 /**
  * A validated schedule: made by `app.periodic`, `app.addSchedule` and `app.addSchedules`,
@@ -77,6 +87,8 @@ export class Schedule {
   readonly overlap: boolean;
   /** Time zone of the cron expression. */
   readonly timezone: string;
+  /** The backfill window in ms (0: none). */
+  readonly backfill: number;
   /** The arguments each fire enqueues (the schema's output). */
   readonly args: Record<string, unknown>;
   #cron: Cron | undefined;
@@ -124,12 +136,23 @@ export class Schedule {
     if (spec.overlap !== undefined && typeof spec.overlap !== "boolean") {
       throw new AkadzeError(`${where}: overlap must be a boolean`);
     }
+    const backfill = spec.backfill ?? 0;
+    if (
+      typeof backfill !== "number" || !Number.isInteger(backfill) || backfill < 0 ||
+      backfill > BACKFILL_MAX
+    ) {
+      throw new AkadzeError(
+        `${where}: backfill must be a whole number of milliseconds from 0 to ${BACKFILL_MAX} ` +
+          `(31 days), got ${spec.backfill}`,
+      );
+    }
     this.name = name;
     this.task = task;
     this.cron = spec.cron;
     this.every = spec.every;
     this.overlap = spec.overlap ?? true;
     this.timezone = timezone;
+    this.backfill = backfill;
     this.args = validateArgs(where, task, spec.args ?? {});
   }
 

@@ -63,6 +63,14 @@ export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined>
    * module (`sandbox.module`), given instead of a handler function. See docs/isolation.md.
    */
   sandbox?: SandboxOptions;
+  /**
+   * Where this task's jobs go when they fail for good (no attempts left, `Fail`, a lost run
+   * on the last attempt): the name of another task, whose job gets the failed job's id,
+   * task, queue, arguments and errors as its arguments (see `DeadLetter`), enqueued in the
+   * same transaction as the failure. It goes to that task's queue when this app defines the
+   * task, else to `"default"`; `{ task, queue }` names the queue.
+   */
+  deadLetter?: string | { task: string; queue?: string };
 }
 
 /** A task handler: gets the (validated) arguments and the job context. */
@@ -87,6 +95,7 @@ const TASK_OPTION_NAMES = new Set([
   "priority",
   "backoff",
   "sandbox",
+  "deadLetter",
 ]);
 /** The longest timeout a timer can carry (about 24.8 days). */
 const TIMEOUT_MAX = INT4_MAX;
@@ -116,6 +125,8 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
   readonly backoff: Backoff | undefined;
   /** The argument schema, if any. */
   readonly args: StandardSchemaV1<In, Out> | undefined;
+  /** Where failed jobs go, if anywhere: a task, and a queue when one was named. */
+  readonly deadLetter: { readonly task: string; readonly queue: string | null } | undefined;
   /** The handler (for a sandboxed task, one that says it runs in its sandbox). */
   readonly handler: TaskHandler<Out, R>;
   /** Where the handler runs isolated, for a sandboxed task. */
@@ -189,6 +200,7 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
         `${where}: args must be a Standard Schema v1 validator (valibot, zod, arktype, ...)`,
       );
     }
+    this.deadLetter = checkDeadLetter(where, name, options.deadLetter);
     this.#host = host;
     this.name = name;
     this.queue = queue;
@@ -254,6 +266,40 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
 }
 
 /** Task names: 1-200 printable characters. */
+/** The `deadLetter` option, checked: a task other than this one, and a valid queue. */
+function checkDeadLetter(
+  where: string,
+  name: string,
+  option: unknown,
+): { task: string; queue: string | null } | undefined {
+  if (option === undefined) return undefined;
+  const shape: unknown = typeof option === "string" ? { task: option } : option;
+  if (
+    !isPlainObject(shape) ||
+    Object.keys(shape as object).some((k) => k !== "task" && k !== "queue")
+  ) {
+    throw new AkadzeError(`${where}: deadLetter must be a task name or { task, queue? }`);
+  }
+  const { task, queue } = shape as { task?: unknown; queue?: unknown };
+  try {
+    checkTaskName(task);
+  } catch (error) {
+    throw new AkadzeError(`${where}: deadLetter: ${(error as Error).message}`);
+  }
+  if (task === name) {
+    throw new AkadzeError(
+      `${where}: deadLetter names the task itself; name another task, whose handler deals ` +
+        "with the failed jobs",
+    );
+  }
+  if (queue !== undefined && (typeof queue !== "string" || !QUEUE_NAME.test(queue))) {
+    throw new AkadzeError(
+      `${where}: deadLetter queue must be ${QUEUE_NAME_RULE}, got ${JSON.stringify(queue)}`,
+    );
+  }
+  return { task, queue: (queue as string | undefined) ?? null };
+}
+
 function checkTaskName(name: unknown): asserts name is string {
   if (
     typeof name !== "string" || name.length < 1 || name.length > TASK_NAME_MAX ||

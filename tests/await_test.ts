@@ -344,7 +344,7 @@ Deno.test("a retried job wakes its waiter only when it is finally terminal", asy
       g.open();
       // The retry has a backoff: the job is queued again meanwhile, not terminal.
       const job = await within(wait, 60_000, "the retried job");
-      assertEquals([job.state, job.result, job.attempt], ["succeeded", 2, 1]);
+      assertEquals([job.state, job.result, job.attempt], ["succeeded", 2, 2]);
     } finally {
       await running.stop();
     }

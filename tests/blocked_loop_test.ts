@@ -60,7 +60,7 @@ Deno.test("a loop blocked for twice the TTL, one worker: the job's outcome is wr
         // The worker beats again and runs on: a later job runs in it.
         const next = await fine.enqueue();
         const n = await waitForJob(sql, next, (r) => r.state === "succeeded");
-        assertEquals(n.worker_id, null);
+        assertEquals(n.worker_id, "blocked-worker"); // it ran there (and the id is kept)
         assert(
           !exited,
           `the worker stopped: ${JSON.stringify(await Promise.race([w.exit, null]))}`,

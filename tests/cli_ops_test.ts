@@ -619,7 +619,7 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
   });
 });
 
-Deno.test("workers list: most recent heartbeat first, alive flag and running count", async () => {
+Deno.test("workers list: most recent heartbeat first, alive flag and the running jobs' ids", async () => {
   await withDatabase("cli_ops_workers", async (db, sql) => {
     const env = { AKADZE_DATABASE_URL: db.url };
     const empty = await runCli(["workers", "list"], env);
@@ -627,11 +627,24 @@ Deno.test("workers list: most recent heartbeat first, alive flag and running cou
     await sql`insert into akadze.workers (id, hostname, pid, queues, heartbeat_at, heartbeat_ttl_ms)
               values ('w-live', 'host-a', 11, '{default,mail}', now(), 30000),
                      ('w-lost', 'host-b', 12, '{default}', now() - interval '1 hour', 5000)`;
-    await insertJob(sql, {
+    const running = await insertJob(sql, {
       task: "t",
       state: "running",
       worker_id: "w-live",
       started_at: new Date(),
+    });
+    const second = await insertJob(sql, {
+      task: "t",
+      state: "running",
+      worker_id: "w-live",
+      started_at: new Date(),
+    });
+    // A job the worker finished keeps its worker_id but is not running there.
+    await insertJob(sql, {
+      task: "t",
+      state: "succeeded",
+      worker_id: "w-live",
+      finished_at: new Date(),
     });
     const out = await runCli(["workers", "list"], env);
     assertEquals([out.code, out.stderr], [0, ""]);
@@ -646,10 +659,11 @@ Deno.test("workers list: most recent heartbeat first, alive flag and running cou
       "HEARTBEAT_TTL_SECONDS",
       "ALIVE",
       "RUNNING",
+      "JOBS",
     ]);
     assertEquals(rows[1].slice(0, 4), ["w-live", "host-a", "11", "default,mail"]);
-    assertEquals(rows[1].slice(6), ["30", "true", "1"]);
-    assertEquals(rows[2].slice(6), ["5", "false", "0"]);
+    assertEquals(rows[1].slice(6), ["30", "true", "2", `${running},${second}`]);
+    assertEquals(rows[2].slice(6), ["5", "false", "0", "-"]);
     assertMatch(rows[1][5], ISO);
 
     const json = JSON.parse((await runCli(["workers", "list", "--json"], env)).stdout);
@@ -663,10 +677,12 @@ Deno.test("workers list: most recent heartbeat first, alive flag and running cou
       "heartbeatTtlSeconds",
       "alive",
       "running",
+      "runningJobs",
     ]);
+    assertEquals(json[0].runningJobs, [running, second]);
     assertEquals(
       [json[0].id, json[0].queues, json[0].heartbeatTtlSeconds, json[0].alive, json[0].running],
-      ["w-live", ["default", "mail"], 30, true, 1],
+      ["w-live", ["default", "mail"], 30, true, 2],
     );
     assertMatch(json[1].heartbeatAt, ISO);
   });

@@ -10,8 +10,12 @@ Deno.test("the pruner deletes old terminal jobs in bounded batches and keeps the
     await sql`insert into akadze.jobs (task, state, finished_at)
               values ('t', 'failed', now() - interval '1 day'), ('t', 'cancelled', now())`;
     await sql`insert into akadze.jobs (task, created_at) values ('t', now() - interval '30 days')`;
-    await sql`insert into akadze.periodic_runs (name, fire_at) values
-              ('old', now() - interval '3 days'), ('new', now())`;
+    // An old fire goes; a schedule's last fire stays, however old (a backfill starts after
+    // it), and so does an old fire recorded within the grace (a backfill's).
+    await sql`insert into akadze.periodic_runs (name, fire_at, created_at) values
+              ('old', now() - interval '3 days', now() - interval '3 days'), ('old', now(), now()),
+              ('last', now() - interval '3 days', now() - interval '3 days'),
+              ('backfilled', now() - interval '3 days', now()), ('backfilled', now(), now())`;
     await sql`insert into akadze.limit_starts (key, started_at, job_id) values ('gone', now(), 1)`;
     const pruner = new Pruner(app.sql, {
       schema: app.schema,
@@ -22,6 +26,14 @@ Deno.test("the pruner deletes old terminal jobs in bounded batches and keeps the
     });
     assertEquals(await pruner.runOnce(), { jobs: 20, periodicRuns: 1, limitStarts: 1 });
     assertEquals((await pruner.runOnce()).jobs, 5);
+    const runs = await sql`select name, fire_at < now() - interval '1 day' as old
+                           from akadze.periodic_runs order by name, fire_at`;
+    assertEquals(runs.map((r) => `${r.name}:${r.old}`), [
+      "backfilled:true",
+      "backfilled:false",
+      "last:true",
+      "old:false",
+    ]);
     const rows = await sql`select state from akadze.jobs order by state`;
     assertEquals(rows.map((r) => r.state), ["cancelled", "failed", "queued"]);
   });
@@ -32,8 +44,9 @@ Deno.test("a prune skips rows another transaction holds locked instead of waitin
     const old = await sql`insert into akadze.jobs (task, state, finished_at)
                           select 't', 'failed', now() - interval '8 days'
                             from generate_series(1, 3) returning id`;
-    await sql`insert into akadze.periodic_runs (name, fire_at) values
-              ('a', now() - interval '3 days'), ('b', now() - interval '3 days')`;
+    await sql`insert into akadze.periodic_runs (name, fire_at, created_at) values
+              ('a', now() - interval '3 days', now() - interval '3 days'), ('a', now(), now()),
+              ('b', now() - interval '3 days', now() - interval '3 days'), ('b', now(), now())`;
     const pruner = new Pruner(app.sql, { schema: app.schema, retention: 86_400_000, grace: 0 });
     // Another session keeps one old job and one old fire locked (say, a requeue not yet
     // committed), for longer than the prune may take.
@@ -49,6 +62,7 @@ Deno.test("a prune skips rows another transaction holds locked instead of waitin
       await held.release();
     }
     assertEquals((await pruner.runOnce()).jobs, 1, "the row is pruned once it is free");
-    assertEquals((await sql`select count(*)::int as n from akadze.periodic_runs`)[0].n, 0);
+    // Each schedule's last fire stays.
+    assertEquals((await sql`select count(*)::int as n from akadze.periodic_runs`)[0].n, 2);
   });
 });

@@ -61,7 +61,7 @@ Deno.test("a job left running under a worker's id by an earlier process with tha
       );
       assertEquals(
         [released.state, released.attempt, released.run_count, released.worker_id],
-        ["queued", 0, 1, null],
+        ["queued", 0, 1, "rel-orphan-w"], // the worker of its last run is kept
       );
       assertEquals(released.errors, []);
     } finally {

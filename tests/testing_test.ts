@@ -1,14 +1,17 @@
-import { assert, assertEquals, assertThrows } from "./assert.ts";
+import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
 import postgres from "postgres";
 import { requestCancel } from "../admin.ts";
+import { Akadze } from "../mod.ts";
 import { AkadzeError } from "../src/errors.ts";
 import {
+  assertEnqueued,
   assertTestDatabaseUrl,
   createTestDatabase,
   drain,
+  makeReady,
   startThrowawayPostgres,
 } from "../src/testing.ts";
-import { withApp, withDatabase } from "./_helpers.ts";
+import { startWorker, waitFor, withApp, withDatabase, within } from "./_helpers.ts";
 
 Deno.test("the database-name guard accepts akadze and *_test only", () => {
   assertEquals(assertTestDatabaseUrl("postgres://u@h/akadze"), "akadze");
@@ -102,5 +105,90 @@ Deno.test("drain runs jobs enqueued into another queue with using({ queue })", a
     const rows = await sql`select task, state from akadze.jobs where state <> 'succeeded'
                            order by id`;
     assertEquals(rows.map((r) => `${r.task}:${r.state}`), ["elsewhere:queued", "hop:cancelled"]);
+  });
+});
+
+Deno.test("makeReady makes a retry's backoff and a delay due now, and only the jobs asked for", async () => {
+  await withApp("make_ready", async (app, sql) => {
+    const runs: number[] = [];
+    const flaky = app.task("flaky", { maxAttempts: 3 }, (_args, ctx) => {
+      runs.push(ctx.job.runCount);
+      if (runs.length === 1) throw new Error("first run fails");
+    });
+    const later = app.task("later", () => {});
+    await flaky.enqueue({});
+    const delayed = await later.using({ delay: 3_600_000 }).enqueue({});
+    await later.using({ delay: 3_600_000 }).enqueue({});
+    const asked = await later.using({ delay: 3_600_000 }).enqueue({});
+    assert(await requestCancel(app.sql, asked));
+
+    assertEquals(await drain(app), 1); // the first run fails; its retry waits for a backoff
+    const [retry] = await sql`select state, run_at > now() as later from akadze.jobs
+                              where task = 'flaky'`;
+    assertEquals([retry.state, retry.later], ["queued", true]);
+    assertEquals(await drain(app), 0);
+
+    assertEquals(await makeReady(app, { task: "flaky" }), 1);
+    assertEquals(await drain(app), 1);
+    assertEquals(runs, [1, 2]);
+    assertEquals(await makeReady(app, { ids: [delayed] }), 1);
+    assertEquals(await drain(app), 1);
+    const rows = await sql`select id::text, state, cancel_requested_at is not null as asked
+                           from akadze.jobs where task = 'later' order by id`;
+    assertEquals(rows.map((r) => `${r.state}:${r.asked}`), [
+      "succeeded:false",
+      "queued:false",
+      "cancelled:true", // drain's claim pass cancels it: makeReady never touches it
+    ]);
+    // The one left waiting is not in another queue.
+    assertEquals(await makeReady(app, { queue: "elsewhere" }), 0);
+    assertEquals(await makeReady(app), 1);
+    await assertRejects(() => makeReady(app, { ids: ["x"] }), AkadzeError);
+  });
+});
+
+Deno.test("makeReady wakes a running worker for the jobs it made ready", async () => {
+  await withApp("make_ready_wake", async (app) => {
+    const done = Promise.withResolvers<void>();
+    const later = app.task("later", () => done.resolve());
+    const running = startWorker(app, { queues: ["default"], pollInterval: 600_000 });
+    try {
+      await waitFor(async () => {
+        const [{ n }] = await app.sql`select count(*)::int as n from pg_stat_activity
+          where datname = current_database() and query ilike '%listen%akadze_jobs%'`;
+        return n > 0;
+      }, "the worker's LISTEN");
+      await later.using({ delay: 3_600_000 }).enqueue({});
+      assertEquals(await makeReady(app), 1);
+      await within(done.promise, 30_000, "the worker did not run the job made ready");
+    } finally {
+      await running.stop();
+    }
+  });
+});
+
+Deno.test("makeReady and assertEnqueued work with only the rights docs/testing.md names", async () => {
+  await withDatabase("make_ready_rights", async (db, sql) => {
+    const role = `ready_${crypto.randomUUID().slice(0, 8)}`;
+    await sql.unsafe(`create role ${role} login`);
+    try {
+      await sql.unsafe(`grant usage on schema akadze to ${role}`);
+      await sql.unsafe(`grant select, update (run_at) on akadze.jobs to ${role}`);
+      await sql`insert into akadze.jobs (task, queue, args, run_at)
+                values ('later', 'default', '{"n":1}', now() + interval '1 hour')`;
+      const url = new URL(db.url);
+      url.username = role;
+      url.password = "";
+      const app = new Akadze({ databaseUrl: url.href });
+      try {
+        assertEquals(await makeReady(app, { task: "later" }), 1);
+        assert(await assertEnqueued(app, "later", { n: 1 }));
+      } finally {
+        await app.close();
+      }
+    } finally {
+      await sql.unsafe(`drop owned by ${role}`);
+      await sql.unsafe(`drop role ${role}`);
+    }
   });
 });

@@ -367,7 +367,8 @@ Deno.test("kill -9 mid-job: another worker rescues the job after the TTL (attemp
       // rescued state stays visible.
       workers.push(runWorker(app, { queues: ["elsewhere"] }));
       const rescued = await waitForJob(sql, id, (r) => r.state === "queued", "the rescue");
-      assertEquals([rescued.attempt, rescued.run_count, rescued.worker_id], [1, 1, null]);
+      // The lost worker stays named as the one that ran the attempt.
+      assertEquals([rescued.attempt, rescued.run_count, rescued.worker_id], [1, 1, workerId]);
       assertEquals(rescued.errors.map((e) => e.error), ["WorkerLost"]);
       assertMatch(rescued.errors[0].message, new RegExp(`worker ${workerId} stopped heartbeating`));
       const rescuedAfter = new Date(rescued.errors[0].at).getTime() - (lastBeat as Date).getTime();
@@ -378,10 +379,10 @@ Deno.test("kill -9 mid-job: another worker rescues the job after the TTL (attemp
         "the dead worker's row to be removed",
       );
 
-      // A worker of its queue runs it again: attempt 1, run 2.
+      // A worker of its queue runs it again: attempt 2 (one spent), run 2.
       workers.push(runWorker(app));
       const job = await within(secondRun.promise, 20_000, "the second run");
-      assertEquals([job.id, job.attempt, job.runCount], [id, 1, 2]);
+      assertEquals([job.id, job.attempt, job.runCount], [id, 2, 2]);
 
       // The killed run's outcome arriving late is fenced off, during the new run...
       const completer = new Completer(sql, "akadze", []);
@@ -423,9 +424,11 @@ Deno.test("kill -9 on the last attempt: the rescue fails the job (WorkerLost)", 
       rescuer = runWorker(app);
       const failed = await waitForJob(sql, id, (r) => r.state !== "running", "the rescue");
       assertEquals(
-        [failed.state, failed.attempt, failed.max_attempts, failed.run_count, failed.worker_id],
-        ["failed", 1, 1, 1, null],
+        [failed.state, failed.attempt, failed.max_attempts, failed.run_count],
+        ["failed", 1, 1, 1],
       );
+      // The killed worker (host:pid:...) stays named as the one that ran the attempt.
+      assertEquals(String(failed.worker_id).split(":")[1], String(proc.pid));
       assert(failed.finished_at instanceof Date);
       assertEquals(failed.errors.map((e) => e.error), ["WorkerLost"]);
       assertEquals((await rescuer.stop()).code, 0);

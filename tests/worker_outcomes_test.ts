@@ -40,7 +40,7 @@ Deno.test("a returned value succeeds and is stored as JSON; undefined stores NUL
       0,
       1,
     ]);
-    assert(ra.finished_at instanceof Date && ra.worker_id === null);
+    assert(ra.finished_at instanceof Date && typeof ra.worker_id === "string"); // kept
     const rb = await job(sql, b);
     assertEquals([rb.state, rb.result], ["succeeded", null]);
   });

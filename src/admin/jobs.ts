@@ -16,7 +16,7 @@ import {
   type TransactionSql,
 } from "../db.ts";
 import { AkadzeError, DuplicateJob } from "../errors.ts";
-import { ACTIVE_STATES, JOB_STATES, type JobState, stateList } from "../job.ts";
+import { ACTIVE_STATES, attemptNumber, JOB_STATES, type JobState, stateList } from "../job.ts";
 import { type FieldsOf, fieldsOf, type Same, selectList } from "../job_columns.ts";
 import { checkQueueName, isIntegerIn, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
@@ -68,7 +68,7 @@ const CANCEL_SET = `cancel_requested_at = coalesce(cancel_requested_at, now()),
  * kept, one more attempt when its budget is spent, an expiry that has passed cleared.
  * {@linkcode requeue} and {@linkcode requeueJobs} both use it.
  */
-const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null, worker_id = null,
+const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null,
   result = null, cancel_requested_at = null,
   max_attempts = greatest(j.max_attempts, j.attempt + 1),
   expires_at = case when j.expires_at <= now() then null else j.expires_at end`;
@@ -136,7 +136,10 @@ export interface JobSummary {
   state: JobState;
   /** Priority. */
   priority: number;
-  /** Attempts spent. */
+  /**
+   * The current or last counted attempt's number, 1-based; 0 before the first run (see
+   * `attemptNumber`).
+   */
   attempt: number;
   /** Attempt budget. */
   maxAttempts: number;
@@ -150,7 +153,7 @@ export interface JobSummary {
   startedAt: Date | null;
   /** Finished at. */
   finishedAt: Date | null;
-  /** The worker running it. */
+  /** The worker running it, or that ran its last run (null before the first). */
   workerId: string | null;
   /** Unique key. */
   uniqueKey: string | null;
@@ -432,7 +435,7 @@ export interface JobDetail extends JobSummary {
    * The last errors, oldest first: name, message, when, and where it was thrown (`stack`:
    * one `at …` frame per line; absent for errors without one, such as `WorkerLost`).
    */
-  errors: { error: string; message: string; at: string; stack?: string }[];
+  errors: JobError[];
   /**
    * The last progress its run reported with `ctx.progress` (a number or small JSON), or
    * null. A retried job shows the previous run's until the new run reports.
@@ -474,6 +477,22 @@ export interface FlowStepSummary {
 
 /** `FlowStepSummary` has the fields of the `step` read plus its dependencies. */
 const _stepMatches: Same<Omit<FlowStepSummary, "dependsOn">, FieldsOf<"step">> = true;
+
+/** One stored error of a job (see {@linkcode JobDetail}). */
+export interface JobError {
+  /** The error's name (`TypeError`, `WorkerLost`, ...). */
+  error: string;
+  /** What went wrong (redacted: no argument values or credentials). */
+  message: string;
+  /** When it was stored (ISO 8601, database clock). */
+  at: string;
+  /** Where it was thrown: one `at …` frame per line; absent for errors without one. */
+  stack?: string;
+  /** The number of the attempt whose run ended with it, 1-based (absent on older entries). */
+  attempt?: number;
+  /** The worker that ran that attempt (absent on older entries). */
+  worker?: string;
+}
 
 /** Options of {@linkcode getJob}. */
 export interface GetJobOptions extends AdminOptions {
@@ -604,5 +623,6 @@ export function normalizeId(jobId: string | number | bigint): string {
 }
 
 function toSummary(r: Record<string, unknown>): JobSummary {
-  return fieldsOf("summary", r);
+  const summary = fieldsOf("summary", r);
+  return { ...summary, attempt: attemptNumber(summary.attempt, summary.state) };
 }

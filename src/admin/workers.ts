@@ -24,8 +24,10 @@ export interface WorkerSummary {
   heartbeatTtl: number;
   /** Whether its heartbeat is within its TTL. */
   alive: boolean;
-  /** Jobs it runs now. */
+  /** How many jobs it runs now. */
   running: number;
+  /** The ids of the jobs it runs now, in id order. */
+  runningJobs: string[];
 }
 
 /**
@@ -46,8 +48,8 @@ export async function listWorkers(
     sql.unsafe(
       `select w.id, w.hostname, w.pid, w.queues, w.started_at, w.heartbeat_at, w.heartbeat_ttl_ms,
             w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond' as alive,
-            (select count(*) from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')::int
-              as running
+            array(select j.id::text from ${s}.jobs j
+                   where j.worker_id = w.id and j.state = 'running' order by j.id) as running_jobs
        from ${s}.workers w order by w.heartbeat_at desc, w.id`,
     ));
   return rows.map((r) => ({
@@ -59,6 +61,7 @@ export async function listWorkers(
     heartbeatAt: r.heartbeat_at,
     heartbeatTtl: r.heartbeat_ttl_ms,
     alive: r.alive,
-    running: r.running,
+    running: r.running_jobs.length,
+    runningJobs: r.running_jobs,
   }));
 }

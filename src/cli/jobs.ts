@@ -9,6 +9,7 @@ import {
   getJob,
   isTaskFilter,
   type JobDetail,
+  type JobError,
   type JobFilter,
   type JobSummary,
   listJobs,
@@ -106,9 +107,10 @@ Options:
   --args          include the arguments
   --result        include the result
   --json          a JSON object: the keys of jobs list --json plus snoozes, progress,
-                  errors ([{error, message, at, stack}]; stack is absent when there is
-                  none), args / result when asked for, and for a job in a flow, flow:
-                  its steps in dependency order ([{id, step, task, queue, state,
+                  errors ([{error, message, at, stack, attempt, worker}]; stack is absent
+                  when there is none; attempt and worker are absent on errors an older
+                  akadze stored), args / result when asked for, and for a job in a flow,
+                  flow: its steps in dependency order ([{id, step, task, queue, state,
                   attempt, finishedAt, dependsOn: [{id, onFailure}]}])
 ${SCHEMA_OPTION}
   -h, --help      show this help
@@ -116,7 +118,7 @@ ${SCHEMA_OPTION}
 Output: "key: value" lines (id, task, queue, state, priority, attempt, maxAttempts,
 runCount, runAt, createdAt, startedAt, finishedAt, workerId, uniqueKey, limitKey,
 expiresAt, cancelRequested, flowId, step, snoozes, progress: JSON, errors: COUNT), then
-"error: AT NAME: MESSAGE" per error, followed by its stack frames, one "  at ..." line
+"error: AT NAME: MESSAGE (attempt N on WORKER)" per error, followed by its stack frames, one "  at ..." line
 each. For a job in a flow, then "flow: ID (N steps: COUNT STATE, ...)" and one line per
 step, "STEP  job ID  TASK  STATE", indented under the step it waits for (the last one, when
 it waits for several: "after: A, B" names them all; "(this job)" marks the job shown);
@@ -368,7 +370,7 @@ async function showCommand(args: string[]): Promise<number> {
     ["errors", job.errors.length],
   ]);
   for (const e of job.errors) {
-    console.log(safeText(`error: ${oneLine(`${e.at} ${e.error}: ${e.message}`)}`));
+    console.log(safeText(`error: ${oneLine(`${e.at} ${e.error}: ${e.message}${ranBy(e)}`)}`));
     if (typeof e.stack !== "string") continue;
     for (const frame of e.stack.split("\n")) {
       if (frame.trim() !== "") console.log(safeText(`  ${oneLine(frame)}`));
@@ -432,6 +434,15 @@ function flowLines(
   return lines;
 }
 
+/** ` (attempt N on WORKER)` for an error entry that says so (older entries do not). */
+function ranBy(e: JobError): string {
+  const parts = [
+    typeof e.attempt === "number" ? `attempt ${e.attempt}` : "",
+    typeof e.worker === "string" ? `on ${e.worker}` : "",
+  ].filter(Boolean);
+  return parts.length === 0 ? "" : ` (${parts.join(" ")})`;
+}
+
 function detailJson(job: JobDetail, args: boolean, result: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = {
     ...summaryJson(job),
@@ -442,6 +453,8 @@ function detailJson(job: JobDetail, args: boolean, result: boolean): Record<stri
       message: e.message,
       at: e.at,
       ...(typeof e.stack === "string" ? { stack: e.stack } : {}),
+      ...(typeof e.attempt === "number" ? { attempt: e.attempt } : {}),
+      ...(typeof e.worker === "string" ? { worker: e.worker } : {}),
     })),
   };
   if (args) out.args = job.args ?? null;

@@ -23,13 +23,15 @@ others).
 
 Options:
   --json          a JSON array of objects with the keys id, hostname, pid, queues (array),
-                  startedAt, heartbeatAt, heartbeatTtlSeconds, alive, running
+                  startedAt, heartbeatAt, heartbeatTtlSeconds, alive, running,
+                  runningJobs (array of job ids)
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
 Output: a header line, then one line per worker; columns separated by a tab:
-  ID HOSTNAME PID QUEUES STARTED_AT HEARTBEAT_AT HEARTBEAT_TTL_SECONDS ALIVE RUNNING
-QUEUES is comma-separated; times are ISO 8601 in UTC.
+  ID HOSTNAME PID QUEUES STARTED_AT HEARTBEAT_AT HEARTBEAT_TTL_SECONDS ALIVE RUNNING JOBS
+QUEUES and JOBS (the ids of the jobs it runs now, - for none) are comma-separated; times are
+ISO 8601 in UTC. akadze jobs show ID tells more about a job.
 
 ${DATABASE_FOOTER}`;
 
@@ -48,6 +50,7 @@ const COLUMNS: Column<WorkerSummary>[] = [
   { header: "HEARTBEAT_TTL_SECONDS", value: (w) => msToSeconds(w.heartbeatTtl) },
   { header: "ALIVE", value: (w) => w.alive },
   { header: "RUNNING", value: (w) => w.running },
+  { header: "JOBS", value: (w) => w.runningJobs },
 ];
 
 async function listCommand(args: string[]): Promise<number> {
@@ -72,6 +75,7 @@ async function listCommand(args: string[]): Promise<number> {
       heartbeatTtlSeconds: msToSeconds(w.heartbeatTtl),
       alive: w.alive,
       running: w.running,
+      runningJobs: w.runningJobs,
     })));
   } else {
     printTable(COLUMNS, workers);

@@ -11,6 +11,7 @@
  * @module
  */
 import type { Sql } from "../db.ts";
+import type { DeadLetterTarget } from "../dead_letter.ts";
 import { AkadzeError } from "../errors.ts";
 import type { OnTransitionHook } from "../job.ts";
 import {
@@ -54,6 +55,8 @@ export interface BatchCompleterConfig {
   finalSql?: Sql;
   /** Counts finished jobs by outcome. */
   metrics?: WorkerMetrics;
+  /** The dead-letter targets of the app's tasks, by task name. */
+  deadLetters?: ReadonlyMap<string, DeadLetterTarget>;
   /**
    * Called when a job's outcome or release could not be written (left to the lease): the
    * job may still be running under this worker id.
@@ -107,10 +110,13 @@ export class BatchCompleter {
   /** The single-statement writer on the pool (also `ctx.completeTx`'s). */
   readonly writer: Completer;
   #final: Completer;
-  #config: Required<Omit<BatchCompleterConfig, "finalSql" | "metrics" | "onLimitFreed">> & {
-    metrics?: WorkerMetrics;
-    onLimitFreed?: (queues: string[]) => void;
-  };
+  #config:
+    & Required<Omit<BatchCompleterConfig, "finalSql" | "metrics" | "onLimitFreed" | "deadLetters">>
+    & {
+      metrics?: WorkerMetrics;
+      onLimitFreed?: (queues: string[]) => void;
+    };
+  #deadLetters: ReadonlyMap<string, DeadLetterTarget>;
   #writeFinal = false;
   #pending: Pending[] = [];
   #unwritten = new Set<string>();
@@ -133,6 +139,7 @@ export class BatchCompleter {
       );
     }
     const options = { deleteSucceeded: config.deleteSucceeded ?? false };
+    this.#deadLetters = config.deadLetters ?? new Map();
     this.writer = new Completer(sql, config.schema, config.hooks, options);
     this.#final = config.finalSql
       ? new Completer(config.finalSql, config.schema, config.hooks, options)
@@ -162,6 +169,8 @@ export class BatchCompleter {
 
   /** Queue a run's outcome; it is written with the others that settle in the same turn. */
   complete(outcome: Outcome, job: CompletedJob): void {
+    const dead = this.#deadLetters.get(job.task);
+    if (dead) outcome.deadLetter = dead;
     this.#unwritten.add(outcome.id);
     this.#push({ outcome, job, done: () => this.#settled(outcome.id) });
   }

@@ -8,6 +8,7 @@
  */
 import { isTransientError, PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { JobState, OnTransitionHook } from "../job.ts";
+import type { DeadLetterTarget } from "../dead_letter.ts";
 import type { ErrorEntry } from "./error_entry.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 
@@ -38,6 +39,8 @@ export interface Outcome {
   durationMs?: number;
   /** Milliseconds until the job is ready again (retry, snooze). */
   delayMs?: number;
+  /** Where the job goes if this outcome fails it for good (its task's `deadLetter`). */
+  deadLetter?: DeadLetterTarget;
 }
 
 /**
@@ -207,6 +210,7 @@ export function unstorableOutcome(outcome: Outcome, error: unknown): Outcome | n
   const replacement: Outcome = {
     id: outcome.id,
     runCount: outcome.runCount,
+    ...(outcome.deadLetter ? { deadLetter: outcome.deadLetter } : {}),
     kind: outcome.kind === "cancel" ? "cancel" : "fail",
     error: {
       error: outcome.kind === "succeeded" ? "ResultNotStorable" : "OutcomeNotStorable",
@@ -247,6 +251,8 @@ function params(outcomes: readonly Outcome[]): never {
   const results = new Array<string | null>(n);
   const errors = new Array<string | null>(n);
   const delays = new Array<number | null>(n);
+  const deadTasks = new Array<string | null>(n);
+  const deadQueues = new Array<string | null>(n);
   for (let i = 0; i < n; i++) {
     const o = outcomes[i];
     ids[i] = o.id;
@@ -255,6 +261,10 @@ function params(outcomes: readonly Outcome[]): never {
     results[i] = o.kind === "succeeded" && o.result != null ? JSON.stringify(o.result) : null;
     errors[i] = o.error ? JSON.stringify(o.error) : null;
     delays[i] = o.delayMs ?? null;
+    // Only an outcome that can fail the job needs one (a retry fails it when none are left).
+    const dead = o.kind === "retry" || o.kind === "fail" ? o.deadLetter : undefined;
+    deadTasks[i] = dead?.task ?? null;
+    deadQueues[i] = dead?.queue ?? null;
   }
   // An all-null column goes as one NULL (unnest pads it), not as n NULLs to encode and parse.
   return [
@@ -264,6 +274,8 @@ function params(outcomes: readonly Outcome[]): never {
     nullIfAllNull(results),
     nullIfAllNull(errors),
     nullIfAllNull(delays),
+    nullIfAllNull(deadTasks),
+    nullIfAllNull(deadQueues),
   ] as never;
 }
 
@@ -303,10 +315,12 @@ function deleteStatement(s: string): string {
 }
 
 /**
- * The outcome UPDATE: the `complete_jobs` function of migrations/0001_init.sql (fenced on
- * run_count and state 'running'; its plan is kept per connection). Reads a
- * {@linkcode WrittenRow}: id, new state, attempts, run_at in epoch milliseconds.
+ * The outcome UPDATE: the `complete_jobs` function of migrations/0010 (fenced on run_count
+ * and state 'running'; its plan is kept per connection; a job it fails for good gets its
+ * dead letter in the same statement). Reads a {@linkcode WrittenRow}: id, new state,
+ * attempts, run_at in epoch milliseconds.
  */
 function completeStatement(s: string): string {
-  return `select id, state, attempt, run_at_ms from ${s}.complete_jobs($1, $2, $3, $4, $5, $6)`;
+  return `select id, state, attempt, run_at_ms
+            from ${s}.complete_jobs($1, $2, $3, $4, $5, $6, $7, $8)`;
 }

@@ -313,7 +313,7 @@ export class Executor {
     }
     if (kind === "Cancel") return { ...base, kind: "cancel", error: entry(error) };
     if (kind === "Fail") return { ...base, kind: "fail", error: entry(error) };
-    const spent = job.attempt + 1;
+    const spent = job.attempt; // this run's number: the attempts spent once it fails
     const backoff = nextDelay(task?.backoff, spent, error);
     if (backoff === null) return { ...base, kind: "fail", error: entry(cause) };
     return { ...base, kind: "retry", delayMs: backoff, error: entry(cause) };
@@ -382,7 +382,7 @@ export class Executor {
            marked as (
              update ${s}.jobs set has_dependents = true where id = any($2::bigint[]))
            update ${s}.jobs j set state = 'waiting', pending_deps = cardinality($2::bigint[]),
-                  worker_id = null, flow_id = $4::bigint
+                  flow_id = $4::bigint
             where j.id = $1::bigint and j.run_count = $5 and j.state = 'running'
            returning ${JOB_RETURNING}`,
           [job.id, ids, onFailure, owned.flow, job.runCount],

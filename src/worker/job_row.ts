@@ -5,7 +5,7 @@
  * @module
  */
 import type { Sql, TransactionSql } from "../db.ts";
-import type { JobInfo, JobState, OnTransitionHook } from "../job.ts";
+import { attemptNumber, type JobInfo, type JobState, type OnTransitionHook } from "../job.ts";
 import { type FieldsOf, type RowOf, type Same, selectList } from "../job_columns.ts";
 
 /**
@@ -27,7 +27,7 @@ export function toJobInfo(row: JobRow): JobInfo {
     task: row.task,
     queue: row.queue,
     priority: row.priority,
-    attempt: row.attempt,
+    attempt: attemptNumber(row.attempt, row.state),
     runCount: row.run_count,
     maxAttempts: row.max_attempts,
     snoozes: row.snoozes,

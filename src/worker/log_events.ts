@@ -7,6 +7,7 @@
  * @module
  */
 import { describeError } from "../db.ts";
+import { attemptNumber } from "../job.ts";
 import { logger } from "../log.ts";
 import type { Outcome } from "./completer.ts";
 import type { WrittenRow } from "./completer.ts";
@@ -22,7 +23,7 @@ export interface LoggedJob {
   task: string;
   /** Queue. */
   queue: string;
-  /** Attempts spent before this run. */
+  /** Attempts spent before this run (the column's count; logged 1-based). */
   attempt: number;
   /** The attempt budget. */
   max_attempts: number;
@@ -118,7 +119,7 @@ export function logClaimed(row: JobRow): void {
     jobId: row.id,
     task: row.task,
     queue: row.queue,
-    attempt: row.attempt,
+    attempt: attemptNumber(row.attempt, "running"),
     runCount: row.run_count,
   });
 }
@@ -138,7 +139,7 @@ export function logRescued(row: JobRow): void {
     jobId: row.id,
     task: row.task,
     queue: row.queue,
-    attempt: row.attempt,
+    attempt: attemptNumber(row.attempt, row.state),
     state: row.state,
   });
 }
@@ -238,7 +239,8 @@ export function logJobState(
     jobId: row.id,
     task: row.task ?? job?.task,
     queue: row.queue ?? job?.queue,
-    attempt: row.attempt ?? job?.attempt,
+    // The attempt's number, 1-based (1 for a first run that failed or succeeded).
+    attempt: attemptNumber(row.attempt ?? job?.attempt ?? 0, row.state),
     from,
   };
   switch (row.state) {

@@ -76,10 +76,17 @@ export class Pruner extends Periodic<PruneResult> {
       jobs: jobs.plain,
       linkedJobs: jobs.linked,
       // By ctid: the rows are locked by the same statement, so their ctid cannot change.
+      // Each schedule's last row stays (a backfill starts after it), and so does a row
+      // inserted within the keep (a backfilled fire is old, but a worker still running the
+      // same backfill pass must find it taken).
       periodicRuns: `delete from ${s}.periodic_runs where ctid = any(array(
-               select ctid from ${s}.periodic_runs
-                where fire_at < now() - $1 * interval '1 millisecond' limit $2
-                for update skip locked))`,
+               select r.ctid from ${s}.periodic_runs r
+                where r.fire_at < now() - $1 * interval '1 millisecond'
+                  and r.created_at < now() - $1 * interval '1 millisecond'
+                  and exists (select 1 from ${s}.periodic_runs n
+                               where n.name = r.name and n.fire_at > r.fire_at)
+                limit $2
+                for update of r skip locked))`,
       limitStarts: `delete from ${s}.limit_starts where ctid = any(array(
                select m.ctid from ${s}.limit_starts m
                 where not exists (select 1 from ${s}.limits l

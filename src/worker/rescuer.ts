@@ -6,6 +6,8 @@
  * @module
  */
 import { quoteSchema, type Sql, type TransactionSql } from "../db.ts";
+import { deadLetterArgs, type DeadLetterTarget } from "../dead_letter.ts";
+import { columnsOf } from "../job_columns.ts";
 import type { OnTransitionHook } from "../job.ts";
 import { checkInteger } from "./config.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
@@ -38,6 +40,8 @@ export interface RescuerConfig {
   interval?: number;
   /** How often a pass looks at every running job (ms). Default {@linkcode RESCUE_FULL_EVERY}. */
   fullEvery?: number;
+  /** The dead-letter targets of the app's tasks, by task name. */
+  deadLetters?: ReadonlyMap<string, DeadLetterTarget>;
 }
 
 /** What one rescue pass did. */
@@ -58,6 +62,8 @@ export class Rescuer extends Periodic<RescueResult> {
   #rescue: { stale: string; full: string };
   #removeStale: string;
   #chargeBlock: string;
+  /** The dead-letter targets as the rescue's parameters: tasks, their targets, the queues. */
+  #deadLetters: [string[], string[], string[]] | [null, null, null];
   #fullEvery: number;
   #fullAt = -Infinity;
 
@@ -67,6 +73,13 @@ export class Rescuer extends Periodic<RescueResult> {
     const batch = checkInteger("batchSize", config.batchSize ?? RESCUE_BATCH_DEFAULT, 1, 1e6);
     this.#sql = sql;
     this.#hooks = config.hooks;
+    const targets = [...(config.deadLetters ?? new Map<string, DeadLetterTarget>())];
+    // No targets: NULLs (unnest yields no row), since an empty list is sent as text.
+    this.#deadLetters = targets.length === 0 ? [null, null, null] : [
+      targets.map(([task]) => task),
+      targets.map(([, t]) => t.task),
+      targets.map(([, t]) => t.queue),
+    ];
     this.#fullEvery = config.fullEvery ?? RESCUE_FULL_EVERY;
     const s = quoteSchema(config.schema);
     // A job is lost when its worker's heartbeat is older than that worker's own TTL
@@ -82,13 +95,16 @@ export class Rescuer extends Periodic<RescueResult> {
          where w.id = c.worker_id
            and w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond')`;
     const find = (from: string) => `select c.id::text as id from ${from} limit ${batch}`;
+    // A job the rescue fails (its last attempt was lost) gets its task's dead letter in the
+    // same statement ($2..$4: task, dead-letter task, its queue).
+    const names = columnsOf("row").map((c) => c.name).join(", ");
     const rescue = (from: string) => `
       with lost as (
         select c.id, c.worker_id from ${from}
            and ($1::bigint[] is null or c.id = any($1::bigint[]))
          limit ${batch}
-         for update of c skip locked)
-      update ${s}.jobs j set
+         for update of c skip locked),
+      upd as (update ${s}.jobs j set
         attempt = j.attempt + 1,
         -- A lost run is a retry: queued again, or failed when no attempt is left. A cancel
         -- request is left to the cancel pass (queued) or kept on the failed job.
@@ -97,12 +113,20 @@ export class Rescuer extends Periodic<RescueResult> {
         finished_at = case when ${s}.outcome_state(false, 'retry', j.attempt, j.max_attempts)
                                 = 'queued'
                            then null else now() end,
-        worker_id = null,
+        -- worker_id stays: the lost worker ran this attempt.
         -- Worded as rescueMessage() says: chargeBlock finds the entry by it.
         errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
-          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run'))
+          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run',
+          'attempt', j.attempt + 1, 'worker', lost.worker_id))
       from lost where j.id = lost.id
-      returning ${JOB_RETURNING}`;
+      returning ${JOB_RETURNING}, ${deadLetterArgs("j")} as dead_args),
+      dead as (
+        insert into ${s}.jobs (task, queue, args)
+        select d.dead_task, d.dead_queue, upd.dead_args
+          from upd join unnest($2::text[], $3::text[], $4::text[]) as d(task, dead_task, dead_queue)
+            on d.task = upd.task
+         where upd.state = 'failed')
+      select ${names} from upd`;
     this.#find = { stale: find(stale), full: find(full) };
     this.#rescue = { stale: rescue(stale), full: rescue(full) };
     // The last rescue entry naming this worker, on a job whose run no longer owns it, is
@@ -122,12 +146,11 @@ export class Rescuer extends Periodic<RescueResult> {
             or j.worker_id is distinct from $1)
       update ${s}.jobs j set
         errors = (select jsonb_agg(case when t.e = hit.entry
-                                        then jsonb_build_object(
+                                        then t.e || jsonb_build_object(
                                                'error', case when hit.culprit
                                                              then 'LoopBlocked'
                                                              else 'WorkerLost' end,
-                                               'message', case when hit.culprit then $6 else $7 end,
-                                               'at', t.e->'at')
+                                               'message', case when hit.culprit then $6 else $7 end)
                                         else t.e end order by t.i)
                     from jsonb_array_elements(j.errors) with ordinality t(e, i)),
         attempt = case when hit.culprit or j.state = 'failed' then j.attempt
@@ -208,7 +231,10 @@ export class Rescuer extends Periodic<RescueResult> {
     kind: "stale" | "full",
     ids: readonly string[] | null,
   ): Promise<JobRow[]> {
-    return await tx.unsafe(this.#rescue[kind], [ids as string[] | null]) as unknown as JobRow[];
+    return await tx.unsafe(this.#rescue[kind], [
+      ids as string[] | null,
+      ...this.#deadLetters,
+    ] as never) as unknown as JobRow[];
   }
 }
 

@@ -2,7 +2,11 @@
  * The scheduler: inside every worker, enqueues each schedule's most recent due fire
  * (within the app's `grace`) exactly once across all workers: the `periodic_runs`
  * primary key `(name, fire_at)` decides who enqueues it, in the same transaction as the
- * job. Missed fires older than the grace are never backfilled.
+ * job, whose `run_at` is the fire time. A schedule with a `backfill` window also gets the
+ * fires missed since its last recorded one (at the first pass, and after a gap in this
+ * worker's passes), oldest first, at most {@linkcode BACKFILL_PER_PASS} a pass; the pruner
+ * keeps each schedule's last row, so that lower bound survives an outage. Without one,
+ * missed fires older than the grace are not enqueued.
  *
  * @module
  */
@@ -30,6 +34,11 @@ export interface SchedulerResult {
   failed: string[];
 }
 
+/**
+ * The most fires one pass enqueues for one schedule's backfill (the rest: next passes): the
+ * pass runs in the worker's loop, between its heartbeats and claims.
+ */
+export const BACKFILL_PER_PASS = 20;
 /** How often the database's clock is read again (ms). */
 export const CLOCK_SYNC_EVERY = 60_000;
 /** The first wait before a failed schedule is tried again (ms); it doubles per failure. */
@@ -50,7 +59,7 @@ const LOCK_NOT_AVAILABLE = "55P03";
 export class Scheduler {
   #app: Akadze;
   #sql: Sql;
-  #statements: { claim: string; busy: string; link: string; now: string };
+  #statements: { claim: string; busy: string; link: string; now: string; last: string };
   /** The last fire handled (or given up on) per schedule, in ms. */
   #handled = new Map<string, number>();
   /** When a failed schedule may be tried again, and its current backoff. */
@@ -71,6 +80,8 @@ export class Scheduler {
               where r.name = $1 and j.state in (${stateList(ACTIVE_STATES)}) limit 1`,
       link: `update ${s}.periodic_runs set job_id = $3 where name = $1 and fire_at = $2`,
       now: `select extract(epoch from now())::float8 * 1000 as now`,
+      last: `select extract(epoch from max(fire_at))::float8 * 1000 as last
+               from ${s}.periodic_runs where name = $1`,
     };
   }
 
@@ -89,16 +100,17 @@ export class Scheduler {
       const fire = schedule.lastFire(new Date(now));
       if (!fire) continue;
       const at = fire.getTime();
-      if (now - at > this.#app.grace || (this.#handled.get(schedule.name) ?? -Infinity) >= at) {
-        continue;
-      }
+      const handled = this.#handled.get(schedule.name) ?? -Infinity;
+      if (handled >= at) continue;
       const retry = this.#retry.get(schedule.name);
       if (retry && Date.now() < retry.at) continue;
       try {
-        const outcome = await this.#dispatch(schedule, fire);
-        this.#handled.set(schedule.name, at);
+        for (const due of await this.#dueFires(schedule, fire, handled, now)) {
+          const outcome = await this.#dispatch(schedule, due);
+          this.#handled.set(schedule.name, due.getTime());
+          result[outcome].push(schedule.name);
+        }
         this.#retry.delete(schedule.name);
-        result[outcome].push(schedule.name);
       } catch (error) {
         const busy = (error as { code?: unknown }).code === LOCK_NOT_AVAILABLE;
         if (!isTransientError(error) && !busy) {
@@ -114,6 +126,26 @@ export class Scheduler {
     return result;
   }
 
+  /**
+   * The fires to dispatch now, oldest first: the latest one within the grace; with a
+   * backfill window, at the first pass or after a gap since the last handled fire, every
+   * fire after the schedule's last recorded one within the window (new schedules have none).
+   */
+  async #dueFires(schedule: Schedule, fire: Date, handled: number, now: number): Promise<Date[]> {
+    const latest = now - fire.getTime() > this.#app.grace ? [] : [fire];
+    if (schedule.backfill === 0) return latest;
+    if (
+      handled !== -Infinity &&
+      (schedule.nextFire(new Date(handled))?.getTime() ?? 0) >= fire.getTime()
+    ) {
+      return latest; // no gap: the next fire after the last handled one is the latest
+    }
+    const [{ last }] = await this.#sql.unsafe(this.#statements.last, [schedule.name]);
+    if (last === null) return latest;
+    const from = Math.max(last as number, handled, now - schedule.backfill);
+    return schedule.firesBetween(new Date(from), new Date(now), BACKFILL_PER_PASS);
+  }
+
   async #dispatch(schedule: Schedule, fire: Date): Promise<"fired" | "skipped" | "taken"> {
     const { claim, busy, link } = this.#statements;
     const outcome = await this.#sql.begin(async (tx) => {
@@ -123,7 +155,8 @@ export class Scheduler {
       if (!schedule.overlap && (await tx.unsafe(busy, [schedule.name])).length > 0) {
         return { kind: "skipped" as const };
       }
-      const id = await schedule.task.using({ session: tx }).enqueue(schedule.args);
+      // The job's run_at is its fire time (a backfilled fire's is in the past).
+      const id = await schedule.task.using({ session: tx, runAt: fire }).enqueue(schedule.args);
       await tx.unsafe(link, [schedule.name, fire, id]);
       return { kind: "fired" as const, id };
     });

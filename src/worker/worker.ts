@@ -9,6 +9,7 @@
  *
  * @module
  */
+import { deadLetterTargets } from "../dead_letter.ts";
 import type { Akadze } from "../app.ts";
 import { describeError, isReadOnlyError, isTransientError, jobsChannel } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
@@ -113,7 +114,13 @@ export class Worker {
       // A hung connection (a partition) or one on a standby: the next beat takes a new one.
       onBadConnection: () => this.#connection.reset(),
     });
-    this.#rescuer = new Rescuer(loopSql, { schema, hooks, interval: config.heartbeatInterval });
+    const deadLetters = deadLetterTargets(app.tasks);
+    this.#rescuer = new Rescuer(loopSql, {
+      schema,
+      hooks,
+      interval: config.heartbeatInterval,
+      deadLetters,
+    });
     const prune = { schema, retention: app.retention, grace: app.grace };
     this.#pruner = new Pruner(app.sql, { ...prune, interval: config.pruneInterval });
     this.#scheduler = config.schedules ? new Scheduler(loopSql, { app }) : null;
@@ -129,6 +136,7 @@ export class Worker {
       // The last writes go on the loop's connection (see #abandonRuns).
       finalSql: loopSql,
       metrics: this.metrics,
+      deadLetters,
       // An outcome or release not written may leave its job running under this id.
       onUnwritten: () => this.#heartbeat.orphansMayExist(),
       onSettled: () => {
