@@ -52,7 +52,13 @@
 
 // The app and its connection.
 export { Akadze, type AkadzeOptions, type PeriodicOptions, type TaskModule } from "./src/app.ts";
-export { connect, type ConnectOptions, type Sql, type TransactionSql } from "./src/db.ts";
+export {
+  connect,
+  type ConnectOptions,
+  isTransientError,
+  type Sql,
+  type TransactionSql,
+} from "./src/db.ts";
 
 // Tasks and enqueue.
 export {

@@ -94,3 +94,10 @@ BEGIN
   RETURN v_deleted;
 END
 $$;
+
+-- A flow is enqueued with the owner's rights: the steps set columns (the state, the
+-- dependency count, the flow and step) and rows (job_dependencies, the dependencies' mark)
+-- that the enqueue role may not write directly (docs/production.md). The function checks its
+-- input, inserts only new jobs in state waiting or queued, and marks only the jobs its steps
+-- name; its search_path is pinned.
+ALTER FUNCTION {{schema}}.enqueue_flow(jsonb, bigint) SECURITY DEFINER;

@@ -157,24 +157,26 @@ export async function enqueueFlow(
       : await tx.unsafe(text, params, PREPARED);
     if (hooks.length === 0) return rows;
     const ids = rows.map((r) => r.id as string);
+    const stepOf = new Map(rows.map((r) => [r.id as string, r.step as string]));
+    const byName = new Map((ordered as SqlStep[]).map((step) => [step.name, step]));
+    // The columns an enqueue reads back (the enqueue role's grant); the rest are the steps'.
     const inserted = await (tx as TransactionSql).unsafe(
-      `select id::text as id, task::text as task, queue::text as queue, priority, max_attempts,
-              run_at, expires_at, unique_key::text as unique_key, limit_key::text as limit_key,
-              args::jsonb as args
+      `select id::text as id, run_at, expires_at, args::jsonb as args
          from ${s}.jobs where id = any($1::bigint[]) order by id`,
       [`{${ids.join(",")}}`],
     );
     for (const row of inserted) {
+      const step = byName.get(stepOf.get(row.id)!)!;
       const job: EnqueuedJob = {
         id: row.id,
-        task: row.task,
-        queue: row.queue,
-        priority: row.priority,
-        maxAttempts: row.max_attempts,
+        task: step.task,
+        queue: step.queue,
+        priority: step.priority,
+        maxAttempts: step.max_attempts,
         runAt: row.run_at,
         expiresAt: row.expires_at,
-        uniqueKey: row.unique_key,
-        limitKey: row.limit_key,
+        uniqueKey: step.unique_key ?? null,
+        limitKey: step.limit_key ?? null,
         args: row.args,
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);

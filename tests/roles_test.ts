@@ -138,6 +138,16 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
       const [{ id: fromSql }] = await webSql`select akadze.enqueue('ok', '{"n": 9}') as id`;
       assert(fromSql !== null, "akadze.enqueue inserted a job");
       await webSql`select akadze.enqueue_many('ok', '[]')`;
+      // A flow, from TypeScript (with and without hooks) and from SQL, as the enqueue role.
+      const flow = await web.enqueueFlow({
+        first: { task: "ok", args: { n: 20 } },
+        second: { task: "fails", dependsOn: ["first"] },
+        third: { task: "ok", dependsOn: [{ step: "second", onFailure: "ignore" }] },
+      });
+      const hookedFlow = await hooked.enqueueFlow({ a: { task: "ok" } });
+      assertEquals(hookSaw, 2);
+      const [{ id: sqlStep }] = await webSql`select id::text as id from akadze.enqueue_flow(
+        '[{"name": "x", "task": "ok"}]')`;
       const [{ n: rolledBackCount }] = await admin`select count(*)::int as n from akadze.jobs
                                                    where id = ${rolledBack}`;
       assertEquals(rolledBackCount, 0);
@@ -188,6 +198,11 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
         const done = (id: string, state = "succeeded") =>
           waitForJob(admin, id, (r) => r.state === state, `job ${id} ${state}`, 30_000);
         for (const id of [one, ...many, unique, committed, ...keyed]) await done(id);
+        // The flow's steps settle one another as the worker role finishes them.
+        await done(flow.jobs.second, "failed");
+        for (const id of [flow.jobs.first, flow.jobs.third, hookedFlow.id, sqlStep]) {
+          await done(id);
+        }
         await done(failing, "failed");
         const flakyRow = await done(flaky);
         assertEquals(flakyRow.attempt, 1);

@@ -22,7 +22,6 @@ const PLUMBING = [
   "WORKER_DEFAULTS",
   "appliedVersions",
   "describeError",
-  "isTransientError",
   "knownVersions",
   "pendingVersions",
   "quoteSchema",
