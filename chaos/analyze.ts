@@ -653,8 +653,8 @@ const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 /** How long after its deciding dependency became terminal a step may still be waiting. */
 const LEFT_WAITING_MAX_MS = 1_000;
 
-/** The flow assertions (4c). */
-function judgeFlows(
+/** The flow assertions (4c), from the database state after the drain. */
+export function judgeFlows(
   db: DbState,
   jobs: Map<string, DbState["jobs"][number]>,
   transitionsOf: Map<string, DbState["transitions"]>,
