@@ -31,6 +31,7 @@ export interface DependencyOutcome {
 export interface ResultSource<R> {
   /** The task name. */
   readonly name: string;
+  /** Its handler (only the type of its result matters here). */
   // deno-lint-ignore no-explicit-any
   readonly handler: (...args: any[]) => R;
 }

@@ -2,7 +2,7 @@
 // transaction of the last dependency's outcome, each failure policy, cancellation down the
 // flow, requeue reviving cancelled dependents, results read by dependents, bad flows refused
 // with nothing inserted, the SQL function, and siblings finishing together across workers.
-import { Akadze } from "../src/app.ts";
+import type { Akadze } from "../src/app.ts";
 import { requestCancel, requeue } from "../src/admin/jobs.ts";
 import type { Sql } from "../src/db.ts";
 import { DuplicateJob, EnqueueError, Fail } from "../src/errors.ts";
@@ -140,7 +140,7 @@ Deno.test("onFailure ignore runs the step after the others, seeing the failure",
     });
     const worker = startWorker(app);
     try {
-      await waitFor(async () => seen.length > 0, "the dependent's run");
+      await waitFor(() => seen.length > 0, "the dependent's run");
     } finally {
       await worker.stop();
     }
