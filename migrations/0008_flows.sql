@@ -475,7 +475,7 @@ BEGIN
       INTO v_queues FROM inserted i;
   EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'a step''s unique_key is already held by a waiting, queued or running job; nothing of this flow was enqueued'
-      USING ERRCODE = 'AKDUP', CONSTRAINT = 'jobs_unique_key_idx',
+      USING ERRCODE = 'AKDUP', CONSTRAINT = 'jobs_active_unique_key_idx',
             HINT = 'Catch SQLSTATE AKDUP in a savepoint.';
   END;
   INSERT INTO {{schema}}.job_dependencies (job_id, depends_on, on_failure)

@@ -7,7 +7,7 @@
 import { connect, DEFAULT_SCHEMA, describeError, quoteSchema, type Sql } from "./db.ts";
 import { guardTypeFetch, installDriverGuard } from "./driver_guard.ts";
 import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
-import { AkadzeError } from "./errors.ts";
+import { AkadzeError, JobNotFound } from "./errors.ts";
 import type { Hooks } from "./job.ts";
 import { isPlainObject } from "./json.ts";
 import { logger } from "./log.ts";
@@ -15,12 +15,13 @@ import { MAX_ARGS_BYTES } from "./rules.ts";
 import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
 import { closeLoopConnections } from "./loop_connection.ts";
-import type { JobDetail } from "./admin/jobs.ts";
+import { type JobDetail, normalizeId } from "./admin/jobs.ts";
 import { JobWaiters, type WaitOptions } from "./wait.ts";
 import {
   type EnqueuedFlow,
   enqueueFlow,
   type FlowHost,
+  flowJobs,
   type FlowOptions,
   type FlowStep,
 } from "./flow.ts";
@@ -450,6 +451,43 @@ export class Akadze {
       taskNamed: (name) => this.#tasks.get(name),
     };
     return await enqueueFlow(host, steps, options);
+  }
+
+  /**
+   * Wait until every job of flow `flowId` (the id `enqueueFlow` returned) is finished, as
+   * {@linkcode Akadze.waitForJobs} does, including children its steps add while it runs;
+   * resolves to each job by step name (a job without one by its id). `JobNotFound` when no
+   * job belongs to the flow; `JobWaitTimeout` after `timeout` ms.
+   *
+   * @example
+   * ```ts ignore
+   * const flow = await app.enqueueFlow(chain([{ task: fetchPage, args: { url } }, { task: parse }]));
+   * const steps = await app.waitForFlow(flow.id, { timeout: 60_000 });
+   * console.log(steps["2"].state, steps["2"].result);
+   * ```
+   */
+  async waitForFlow(flowId: string, options: WaitOptions): Promise<Record<string, JobDetail>> {
+    const id = normalizeId(flowId);
+    const start = performance.now();
+    let jobs = await flowJobs(this.sql, this.schema, id);
+    if (jobs.length === 0) throw new JobNotFound(id, `flow ${id} has no jobs`);
+    let first = true;
+    for (;;) {
+      const ids = jobs.map(([, job]) => job);
+      const details = await this.waitForJobs(
+        ids,
+        first
+          ? options
+          : { ...options, timeout: Math.max(1, options.timeout - (performance.now() - start)) },
+      );
+      first = false;
+      // Finished unless a step added children meanwhile (they join its flow).
+      const now = await flowJobs(this.sql, this.schema, id);
+      if (now.length === jobs.length) {
+        return Object.fromEntries(jobs.map(([key], i) => [key, details[i]]));
+      }
+      jobs = now;
+    }
   }
 
   #waitersOf(): JobWaiters {

@@ -54,7 +54,7 @@ export interface EnqueueOptions {
   priority?: number;
   /** Overrides the task's attempt budget (1..2147483647). */
   maxAttempts?: number;
-  /** At most one queued or running job per key; a second enqueue raises `DuplicateJob`. */
+  /** At most one waiting, queued or running job per key; a second enqueue raises `DuplicateJob`. */
   uniqueKey?: string;
   /** Subject the job to the limits stored for this key (`setLimit`). */
   limitKey?: string;
@@ -381,7 +381,9 @@ async function insertRows(
     // A batch never shares a uniqueKey (enqueueJobs refuses it), so only one job can collide.
     if (inserted.length < argsList.length) {
       throw new DuplicateJob(
-        `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already queued or running`,
+        `a job with uniqueKey ${
+          JSON.stringify(base.unique_key)
+        } is already waiting, queued or running`,
       );
     }
     for (const row of inserted) {

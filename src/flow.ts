@@ -27,7 +27,6 @@ import { DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob } from "./job.ts";
 import { isPlainObject } from "./json.ts";
 import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
-import type { AnyTask } from "./task.ts";
 
 /**
  * What a failed or cancelled dependency does to the step that depends on it: `"cancel"`
@@ -58,8 +57,8 @@ export interface FlowDependency {
  * the steps (by name) or jobs it waits for.
  */
 export interface FlowStep extends Omit<EnqueueOptions, "session"> {
-  /** The task, or its name (a task of this app). */
-  task: AnyTask | string;
+  /** The task (as `app.task` returned it), or its name: a task of this app. */
+  task: { readonly name: string } | string;
   /** Its arguments, checked against the task's schema. Default `{}`. */
   args?: unknown;
   /** What it waits for: step names, or {@linkcode FlowDependency} objects. */
@@ -483,4 +482,21 @@ export function chord(
     ...Object.fromEntries(steps),
     callback: { ...last, dependsOn: steps.map(([step]) => ({ step, onFailure })) },
   };
+}
+
+/**
+ * The jobs of flow `flowId` (its steps, and children added at run time), `[key, id]` in id
+ * order: the key is the step name, or the job id of a job without one.
+ */
+export async function flowJobs(
+  sql: Sql,
+  schema: string,
+  flowId: string,
+): Promise<[string, string][]> {
+  const rows = await sql.unsafe(
+    `select id::text as id, step from ${quoteSchema(schema)}.jobs
+      where flow_id = $1::bigint order by id`,
+    [flowId],
+  );
+  return rows.map((r) => [(r.step ?? r.id) as string, r.id as string]);
 }

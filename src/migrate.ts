@@ -13,6 +13,7 @@ import sqlArgsSize from "../migrations/0006_sql_args_size.sql" with { type: "tex
 import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "text" };
 import flows from "../migrations/0008_flows.sql" with { type: "text" };
 import flowIndexes from "../migrations/0009_flow_indexes.sql" with { type: "text" };
+import enqueueWaitingKeys from "../migrations/0010_enqueue_waiting_keys.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -54,6 +55,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0007_await_progress", sql: awaitProgress },
   { version: "0008_flows", sql: flows },
   { version: "0009_flow_indexes", sql: flowIndexes },
+  { version: "0010_enqueue_waiting_keys", sql: enqueueWaitingKeys },
 ];
 
 /** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */

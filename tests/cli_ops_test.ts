@@ -121,7 +121,7 @@ Deno.test("usage errors exit 2 with one line, before touching the database", asy
     [["jobs", "show", "0"], /positive decimal integer/],
     [["jobs", "requeue", "99999999999999999999"], /positive decimal integer/],
     [["jobs", "cancel", "1", "2"], /unexpected argument "2"/],
-    [["jobs", "list", "--state", "done"], /--state must be one of queued, running/],
+    [["jobs", "list", "--state", "done"], /--state must be one of waiting, queued, running/],
     [["jobs", "list", "--limit", "0"], /--limit must be an integer from 1 to 1000/],
     [["jobs", "list", "--limit", "1001"], /--limit/],
     [["jobs", "list", "--limit", "ten"], /--limit/],
@@ -368,7 +368,7 @@ Deno.test("jobs requeue and cancel by filters: --dry-run counts, then the change
         [["jobs", "cancel", "--dry-run"], /missing ID or a filter/],
         [["jobs", "requeue", x1, "--task", "x"], /a job ID or filters, not both/],
         [["jobs", "requeue", "--state", "queued"], /--state must be failed, got "queued"/],
-        [["jobs", "cancel", "--state", "failed"], /--state must be one of queued, running/],
+        [["jobs", "cancel", "--state", "failed"], /--state must be one of waiting, queued, running/],
         [["jobs", "cancel", x1, "--dry-run"], /--dry-run goes with filters/],
       ] as [string[], RegExp][]
     ) {

@@ -202,7 +202,7 @@ Deno.test("a duplicate uniqueKey raises DuplicateJob and keeps the caller's tran
         DuplicateJob,
       );
       assert(error instanceof EnqueueError);
-      assertMatch(error.message, /"k" is already queued or running/);
+      assertMatch(error.message, /"k" is already waiting, queued or running/);
       await tx`insert into public.notes values ('still usable')`;
       await task.using({ session: tx, uniqueKey: "other" }).enqueue({ n: 3 });
     });

@@ -2,10 +2,11 @@
 // transaction of the last dependency's outcome, each failure policy, cancellation down the
 // flow, requeue reviving cancelled dependents, results read by dependents, bad flows refused
 // with nothing inserted, the SQL function, and siblings finishing together across workers.
+import pg from "pg";
 import type { Akadze } from "../src/app.ts";
 import { requestCancel, requeue } from "../src/admin/jobs.ts";
 import type { Sql } from "../src/db.ts";
-import { DuplicateJob, EnqueueError, Fail } from "../src/errors.ts";
+import { DuplicateJob, EnqueueError, Fail, JobNotFound } from "../src/errors.ts";
 import { chain, chord, dependencyOrder, group } from "../src/flow.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
@@ -488,5 +489,55 @@ Deno.test("a failed child cancels its parent, unless the parent ignores failures
     assertEquals(rows.map((r) => r.state), ["cancelled", "succeeded"]);
     assertEquals(seen, ["ignore: failed unreadable row"]);
     assertEquals((await lastError(sql, strict)).error, "DependencyFailed");
+  });
+});
+
+Deno.test("waitForFlow resolves when every step, and every child added meanwhile, is finished", async () => {
+  await withApp("flows_wait", async (app) => {
+    const leaf = app.task("leaf", ({ n }) => n);
+    const fan = app.task("fan", async (_args, ctx) => {
+      const done = await ctx.dependencies();
+      const children = Object.values(done).filter((d) => d.task === "leaf");
+      if (children.length === 0) {
+        await ctx.waitForChildren({ "leaf-1": { task: leaf, args: { n: 1 } } });
+        return;
+      }
+      return children.length;
+    });
+    const first = app.task("first", () => "go");
+    const flow = await app.enqueueFlow({
+      first: { task: first },
+      fan: { task: fan, dependsOn: ["first"] },
+    });
+    const worker = startWorker(app);
+    try {
+      const steps = await app.waitForFlow(flow.id, { timeout: 60_000 });
+      assertEquals(Object.keys(steps).sort(), ["fan", "first", "leaf-1"]);
+      assertEquals(steps.fan.state, "succeeded");
+      assertEquals(steps.fan.result, 1);
+      assertEquals(steps["leaf-1"].result, 1);
+    } finally {
+      await worker.stop();
+    }
+    await assertRejects(() => app.waitForFlow("987654", { timeout: 1_000 }), JobNotFound);
+  });
+});
+
+Deno.test("a node-postgres session enqueues a flow in the client's transaction", async () => {
+  await withApp("flows_pg", async (app, sql, db) => {
+    const ok = app.task("ok", () => 1);
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query("begin");
+      const flow = await app.enqueueFlow({ a: { task: ok }, b: { task: ok, dependsOn: ["a"] } }, {
+        session: client,
+      });
+      assertEquals(await countJobs(sql), 0, "not committed yet");
+      await client.query("commit");
+      assertEquals(await states(sql, flow.jobs), { a: "queued", b: "waiting" });
+    } finally {
+      await client.end();
+    }
   });
 });

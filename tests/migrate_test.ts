@@ -36,6 +36,7 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
   await withDatabase("migrate_all", async (_db, sql) => {
     const c = await catalog(sql);
     assertEquals(c.tables, [
+      "job_dependencies",
       "jobs",
       "limit_starts",
       "limits",
@@ -49,7 +50,8 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
         "jobs_claim_idx",
         "jobs_running_worker_idx",
         "jobs_running_limit_idx",
-        "jobs_unique_key_idx",
+        "jobs_active_unique_key_idx",
+        "jobs_flow_idx",
         "jobs_finished_idx",
         "limit_starts_key_idx",
         "periodic_runs_pkey",
@@ -57,7 +59,8 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
     ) assert(c.indexes[name], `missing index ${name}`);
     assert(c.indexes.jobs_claim_idx.includes("WHERE (state = 'queued'::text)"));
     assert(c.indexes.jobs_claim_idx.includes("(queue, priority DESC, run_at, id)"));
-    assert(c.indexes.jobs_unique_key_idx.startsWith("CREATE UNIQUE INDEX"));
+    assert(c.indexes.jobs_active_unique_key_idx.startsWith("CREATE UNIQUE INDEX"));
+    assert(!c.indexes.jobs_unique_key_idx, "0009 replaced the unique index of 0001");
     // A B-tree: a BRIN index makes every prune read all block ranges not yet summarized.
     assert(c.indexes.jobs_finished_idx.includes("USING btree (finished_at)"));
     for (

@@ -63,7 +63,7 @@ Deno.test("a pg DuplicateJob keeps the client's transaction usable; pool clients
           () => task.using({ session: client, uniqueKey: "k" }).enqueue({ n: 2 }),
           DuplicateJob,
         );
-        assertMatch(error.message, /"k" is already queued or running/);
+        assertMatch(error.message, /"k" is already waiting, queued or running/);
         await client.query("insert into public.notes values ('still usable')");
         await client.query("commit");
       } finally {

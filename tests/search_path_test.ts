@@ -63,6 +63,17 @@ Deno.test("akadze's functions call no shadowing function or operator of the call
       assertEquals(written.map((r) => r.state).sort(), ["failed", "queued", "succeeded"]);
       const [{ errors }] = await sql`select errors from akadze.jobs where state = 'queued'`;
       assertEquals(typeof errors[0].at, "string");
+      // A flow (0008): enqueued, its first step failed, its dependents settled by the trigger.
+      const steps = await hostile`select step, id from akadze.enqueue_flow('[
+        {"name": "b", "task": "t", "depends_on": ["a"]},
+        {"name": "c", "task": "t", "depends_on": [{"step": "a", "on_failure": "ignore"}]},
+        {"name": "a", "task": "t"}]')`;
+      const a = steps.find((s) => s.step === "a")!.id;
+      await hostile`update akadze.jobs set state = 'failed', finished_at = pg_catalog.now()
+        where id operator(pg_catalog.=) ${a}::bigint`;
+      const settled = await sql`select step, state from akadze.jobs
+        where step is not null order by step`;
+      assertEquals(settled.map((r) => r.state), ["failed", "cancelled", "queued"]);
     } finally {
       await hostile.end({ timeout: 1 });
     }

@@ -193,7 +193,7 @@ Deno.test("a held unique_key raises AKDUP: a savepoint keeps the psql script's t
     // The one error of the script, with its SQLSTATE, the constraint and what to do.
     assertMatch(
       out.stderr,
-      /^ERROR: {2}AKDUP: a job with unique_key "k" is already queued or running\n/,
+      /^ERROR: {2}AKDUP: a job with unique_key "k" is already waiting, queued or running\n/,
     );
     assertMatch(out.stderr, /HINT: {2}Catch SQLSTATE AKDUP in a savepoint, or pass on_duplicate/);
     assertEquals(out.stderr.match(/ERROR:/g)?.length, 1, out.stderr);
@@ -207,7 +207,7 @@ Deno.test("a held unique_key raises AKDUP: a savepoint keeps the psql script's t
     const held = await assertRejects(
       () => sql`select * from akadze.enqueue_many('t', '[{}]', unique_key => 'k')`,
     ) as { code?: string; message: string; constraint_name?: string };
-    assertEquals([held.code, held.constraint_name], ["AKDUP", "jobs_unique_key_idx"]);
+    assertEquals([held.code, held.constraint_name], ["AKDUP", "jobs_active_unique_key_idx"]);
     const shared = await assertRejects(
       () => sql`select * from akadze.enqueue_many('t', '[{}, {}]', unique_key => 'fresh')`,
     ) as { code?: string; message: string };
@@ -329,7 +329,7 @@ Deno.test("akadze.enqueue from npm:pg: in the client's transaction, NOTIFY at co
       const error = await assertRejects(() =>
         client.query("select akadze.enqueue('t', unique_key => 'k')")
       ) as { code?: string; constraint?: string };
-      assertEquals([error.code, error.constraint], ["AKDUP", "jobs_unique_key_idx"]);
+      assertEquals([error.code, error.constraint], ["AKDUP", "jobs_active_unique_key_idx"]);
       await client.query("rollback to savepoint enqueue");
       await new Promise((r) => setTimeout(r, 100));
       assertEquals(got.length, 0, "nothing before commit");

@@ -373,9 +373,9 @@ export async function cancelJobs(
   filter: JobFilter = {},
   options: BulkOptions = {},
 ): Promise<number> {
-  if (filter.state !== undefined && filter.state !== "queued" && filter.state !== "running") {
+  if (filter.state !== undefined && !ACTIVE_STATES.includes(filter.state)) {
     throw new AkadzeError(
-      `only queued or running jobs can be cancelled, got state ${filter.state}`,
+      `only ${ACTIVE_STATES.join(", ")} jobs can be cancelled, got state ${filter.state}`,
     );
   }
   const schema = filter.schema ?? "akadze";

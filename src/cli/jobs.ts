@@ -15,7 +15,7 @@ import {
   requeue,
   requeueJobs,
 } from "../admin/jobs.ts";
-import { JOB_STATES, type JobState } from "../job.ts";
+import { ACTIVE_STATES, JOB_STATES, type JobState } from "../job.ts";
 import { LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { redact } from "../db.ts";
 import { runSecrets } from "../worker/error_entry.ts";
@@ -50,7 +50,7 @@ Commands:
   requeue ID | requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--dry-run]
                        put failed jobs back to queued (one more attempt)
   cancel ID | cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--dry-run]
-                       request the cancellation of queued or running jobs
+                       request the cancellation of waiting, queued or running jobs
 
 Run akadze jobs <command> --help for a command's options.`;
 
@@ -136,9 +136,10 @@ failure; 2 usage error.`;
 const CANCEL_HELP = `Usage: akadze jobs cancel ID
        akadze jobs cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--dry-run]
 
-Request the cancellation of a queued or running job, or of every queued or running job
-that matches the filters (at least one is needed): a queued job is cancelled by the next
-claim pass, a running one is stopped by its worker and ends cancelled.
+Request the cancellation of a waiting, queued or running job, or of every such job
+that matches the filters (at least one is needed): a waiting job (of a flow) is cancelled
+at once, with its dependents by their failure policy; a queued job is cancelled by the next
+claim pass; a running one is stopped by its worker and ends cancelled.
 
 With ID it prints "cancel requested for job ID"; for a job that is already finished or
 does not exist nothing changes: it prints "nothing cancelled: job ID is STATE" or
@@ -147,7 +148,7 @@ filters it prints "cancel requested for N jobs" (jobs whose cancel was already r
 are not counted again).
 
 Options:
-${filterHelp("queued or running")}
+${filterHelp("waiting, queued or running")}
   --dry-run       print "would request the cancellation of N jobs", change nothing
 ${SCHEMA_OPTION}
   -h, --help      show this help
@@ -419,7 +420,7 @@ async function requeueCommand(args: string[]): Promise<number> {
 }
 
 async function cancelCommand(args: string[]): Promise<number> {
-  const target = targetArgs(args, "cancel", CANCEL_HELP, ["queued", "running"]);
+  const target = targetArgs(args, "cancel", CANCEL_HELP, ACTIVE_STATES);
   if (!target) return 0;
   if ("filter" in target) {
     const n = await withSql((sql) => cancelJobs(sql, target.filter, { dryRun: target.dryRun }));
