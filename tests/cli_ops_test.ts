@@ -368,7 +368,10 @@ Deno.test("jobs requeue and cancel by filters: --dry-run counts, then the change
         [["jobs", "cancel", "--dry-run"], /missing ID or a filter/],
         [["jobs", "requeue", x1, "--task", "x"], /a job ID or filters, not both/],
         [["jobs", "requeue", "--state", "queued"], /--state must be failed, got "queued"/],
-        [["jobs", "cancel", "--state", "failed"], /--state must be one of waiting, queued, running/],
+        [
+          ["jobs", "cancel", "--state", "failed"],
+          /--state must be one of waiting, queued, running/,
+        ],
         [["jobs", "cancel", x1, "--dry-run"], /--dry-run goes with filters/],
       ] as [string[], RegExp][]
     ) {

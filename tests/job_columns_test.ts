@@ -79,7 +79,10 @@ Deno.test("the state constraints, the partial indexes and SQL enqueue list the s
          where i.indrelid = 'akadze.jobs'::regclass and i.indpred is not null`)
         .map((r) => [r.relname as string, r.pred as string]),
     );
-    assertEquals(sorted(literals(predicates.get("jobs_active_unique_key_idx")!)), sorted(ACTIVE_STATES));
+    assertEquals(
+      sorted(literals(predicates.get("jobs_active_unique_key_idx")!)),
+      sorted(ACTIVE_STATES),
+    );
     assertEquals(sorted(literals(predicates.get("jobs_finished_idx")!)), sorted(TERMINAL_STATES));
     // SQL enqueue's ON CONFLICT names the unique index's states (TypeScript enqueue derives
     // its own from ACTIVE_STATES).
