@@ -15,7 +15,8 @@
 //     to the same statement sent raw and a plain INSERT.
 // Writes <out>.json and <out>.md.
 import postgres from "postgres";
-import { Akadze, migrate } from "../mod.ts";
+import { Akadze } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { Completer, type Outcome } from "../src/worker/completer.ts";
@@ -128,7 +129,8 @@ async function runDriver(spec: DriverSpec, workerFlags = ""): Promise<Record<str
 }
 
 function kindOf(query: string): string {
-  if (query.includes("candidates as")) return "claim";
+  if (query.includes("candidates as") || query.includes(".claim_one")) return "claim";
+  if (query.includes(".complete_jobs(")) return "complete";
   if (query.includes("as o(") && query.includes("run_count")) return "complete";
   if (/insert into "akadze"\.jobs/.test(query)) return "enqueue";
   if (query.includes('akadze".workers') || query.includes("heartbeat")) return "heartbeat/rescue";
@@ -143,7 +145,14 @@ const DRAIN_CONFIGS: { name: string; app: DriverSpec["app"]; slots: number }[] =
   { name: "slots 50, jit=off", app: { jit: false }, slots: 50 },
   { name: "slots 500, JIT on (default pool)", app: {}, slots: 500 },
   { name: "slots 500, jit=off", app: { jit: false }, slots: 500 },
+  // The `akadze` entry of `deno task bench`.
+  { name: "slots 500, jit=off, prepared", app: { jit: false, prepare: true }, slots: 500 },
 ];
+// `--configs 1,5`: only these drain configurations (1-based), all by default.
+const CONFIGS = flag("--configs", "");
+const drainConfigs = CONFIGS === ""
+  ? DRAIN_CONFIGS
+  : CONFIGS.split(",").map((i) => DRAIN_CONFIGS[Number(i) - 1]);
 const drains: Record<string, unknown>[] = [];
 md.push("## A. Drains of N jobs, per statement kind", "");
 md.push(
@@ -152,7 +161,7 @@ md.push(
   "",
 );
 let round = 0;
-for (const config of PARTS.has("A") ? DRAIN_CONFIGS : []) {
+for (const config of PARTS.has("A") ? drainConfigs : []) {
   const db = `profile_drain_${++round}`;
   await admin.unsafe(`create database ${db}`);
   const sql = postgres(dbUrl(db), { max: 1, onnotice: () => {} });
@@ -172,8 +181,8 @@ for (const config of PARTS.has("A") ? DRAIN_CONFIGS : []) {
     postmasterPid,
   });
   const rows = await sql`
-    select query, calls::int, rows::int, total_exec_time::float8 as exec, total_plan_time::float8 as plan,
-           wal_bytes::float8 as wal
+    select query, toplevel, calls::int, rows::int, total_exec_time::float8 as exec,
+           total_plan_time::float8 as plan, wal_bytes::float8 as wal
       from pg_stat_statements
      where dbid = (select oid from pg_database where datname = current_database())`;
   const [wal] = await sql`
@@ -185,7 +194,8 @@ for (const config of PARTS.has("A") ? DRAIN_CONFIGS : []) {
     string,
     { calls: number; rows: number; exec: number; plan: number; wal: number }
   > = {};
-  for (const r of rows) {
+  // Statements inside the claim and outcome functions are counted there (toplevel false).
+  for (const r of rows.filter((r) => r.toplevel)) {
     const k = kindOf(r.query);
     const x = kinds[k] ??= { calls: 0, rows: 0, exec: 0, plan: 0, wal: 0 };
     x.calls += r.calls;
@@ -212,6 +222,21 @@ for (const config of PARTS.has("A") ? DRAIN_CONFIGS : []) {
         `${fmt(x.exec / x.calls, 2)} | ${fmt(x.exec + x.plan)} | ${
           fmt(x.rows ? x.wal / x.rows : NaN)
         } |`,
+    );
+  }
+  md.push(
+    "",
+    "Every statement (nested: run inside a function), per 1,000 jobs:",
+    "",
+    "| statement | nested | calls / 1,000 jobs | rows/call | mean ms | total ms / 1,000 jobs |",
+    "|---|---|---:|---:|---:|---:|",
+  );
+  for (const r of [...rows].sort((a, b) => b.exec + b.plan - a.exec - a.plan).slice(0, 14)) {
+    const text = r.query.replace(/\s+/g, " ").slice(0, 90).replaceAll("|", "\\|");
+    md.push(
+      `| \`${text}\` | ${r.toplevel ? "" : "yes"} | ${fmt(r.calls / N * 1000, 2)} | ` +
+        `${fmt(r.rows / r.calls, 1)} | ${fmt((r.exec + r.plan) / r.calls, 3)} | ` +
+        `${fmt((r.exec + r.plan) / N * 1000, 2)} |`,
     );
   }
   md.push(
@@ -496,7 +521,7 @@ if (PARTS.has("C")) {
       samples: 0,
       warmup: 0,
       retained: 0,
-      app: { jit: false },
+      app: { jit: false, prepare: true },
       worker: { slots: 500 },
       postmasterPid,
     },
@@ -533,7 +558,7 @@ if (PARTS.has("C")) {
   const top = busy.sort((a, b) => b[1] - a[1]).slice(0, 25);
   json.cpu_profile = { drain: cpuRaw, total_ms: total, busy_ms: busyMs, top };
   md.push(
-    "## C. V8 CPU profile of the worker process (slots 500, jit=off)",
+    "## C. V8 CPU profile of the worker process (slots 500, jit=off, prepared)",
     "",
     `Drain ${fmt(N / cpuRaw.drain_ms * 1000)} jobs/s under the profiler; the worker process's ` +
       `samples: ${fmt(total)} ms in all, ${fmt(busyMs)} ms not idle (start-up included).`,

@@ -10,8 +10,9 @@
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
 //   deno task bench --scenario horizon [...]   # the pinned-horizon scenario, bench/horizon.ts
 //   deno task bench --scenario flows [...]     # dependent jobs, bench/flows.ts
+//   deno task bench --scenario limits [...]    # limit keys at speed, bench/limits.ts
 import postgres from "postgres";
-import { migrate } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";
@@ -68,6 +69,8 @@ interface Flags {
   idle: number;
   timeout: number;
   pg: Record<string, string>;
+  /** Another checkout of akadze (e.g. main): its akadze entries run too, as `base-KEY`. */
+  base?: string;
 }
 
 function usage(message: string): never {
@@ -77,7 +80,7 @@ function usage(message: string): never {
       "       [--only akadze|graphile|pgboss|bullmq[,...]]\n" +
       "       [--out FILE.json] [--single K] [--samples S] [--warmup W] [--retained M]\n" +
       "       [--idle SECONDS] [--latency-worker in-process|process]" +
-      " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]...",
+      " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]... [--base DIR]",
   );
   Deno.exit(2);
 }
@@ -168,6 +171,9 @@ function parseFlags(args: string[]): Flags {
       case "--entries":
         flags.entries = new Set(value().split(","));
         break;
+      case "--base":
+        flags.base = value().replace(/\/$/, "");
+        break;
       case "--pg": {
         const v = value();
         const eq = v.indexOf("=");
@@ -195,6 +201,8 @@ interface Entry {
   retained?: number;
   /** For the retained case: the entry (same config, empty table) it is compared with. */
   baseline?: string;
+  /** akadze: the checkout whose bench/akadze/driver.ts runs it (`--base`), else this one. */
+  root?: string;
 }
 
 /**
@@ -286,6 +294,18 @@ function entriesFor(flags: Flags): Entry[] {
         label: c.label,
         config: { app: c.app, worker: c.worker, instances: c.instances },
       });
+    }
+    if (flags.base) {
+      // The same configurations on the other checkout's code, interleaved with these.
+      for (const c of configs) {
+        entries.push({
+          key: `base-${c.key}`,
+          system: "akadze",
+          label: `${c.label}, at ${flags.base}`,
+          config: { app: c.app, worker: c.worker, instances: c.instances },
+          root: flags.base,
+        });
+      }
     }
     if (flags.retained > 0) {
       const c = AKADZE_CONFIGS[0];
@@ -395,9 +415,14 @@ async function runEntry(
         postmasterPid,
       };
       raw = await runDriver<RawResult>(entry.key, Deno.execPath(), {
-        args: ["run", "--allow-all", `${BENCH}/akadze/driver.ts`, JSON.stringify(spec)],
+        args: [
+          "run",
+          "--allow-all",
+          `${entry.root ?? ROOT}/bench/akadze/driver.ts`,
+          JSON.stringify(spec),
+        ],
         env: { BENCH_CLK_TCK: String(CLK_TCK) },
-        cwd: ROOT,
+        cwd: entry.root ?? ROOT,
         timeoutMs,
       });
     } else {
@@ -902,8 +927,10 @@ try {
     code = await (await import("./horizon.ts")).runHorizon(scenario.rest);
   } else if (scenario.name === "flows") {
     code = await (await import("./flows.ts")).runFlows(scenario.rest);
+  } else if (scenario.name === "limits") {
+    code = await (await import("./limits.ts")).runLimits(scenario.rest);
   } else if (scenario.name !== null) {
-    usage(`--scenario takes horizon or flows, got ${scenario.name}`);
+    usage(`--scenario takes horizon, flows or limits, got ${scenario.name}`);
   } else code = await main();
 } catch (error) {
   console.error(`error: ${error instanceof Error ? error.message : error}`);

@@ -13,7 +13,8 @@
 // Reports the drain rate and the CPU per 1,000 jobs of the worker (this process) and of the
 // whole server. Writes <out>.json and <out>.md.
 import postgres from "postgres";
-import { Akadze, migrate, Worker } from "../mod.ts";
+import { Akadze, Worker } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { Completer, type CompleteResult, type Outcome } from "../src/worker/completer.ts";
 import { flagValue } from "./lib/flags.ts";

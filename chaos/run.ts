@@ -11,17 +11,9 @@
 // exit 1 if any failed. See docs/reliability.md.
 import { parseArgs } from "node:util";
 import postgres from "postgres";
-import {
-  Akadze,
-  type AnyTask,
-  describeError,
-  DuplicateJob,
-  type FlowStep,
-  isTransientError,
-  migrate,
-  redact,
-  setLimit,
-} from "../mod.ts";
+import { Akadze, type AnyTask, DuplicateJob, type FlowStep } from "../mod.ts";
+import { migrate, setLimit } from "../admin.ts";
+import { describeError, isTransientError, redact } from "../src/db.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
 import {
   analyze,
@@ -293,7 +285,18 @@ async function snapshotCode(root: string, into: string): Promise<[string, string
   const dir = `${into}/code`;
   await Deno.mkdir(dir, { recursive: true });
   const entries: string[] = [];
-  for (const name of ["cli.ts", "mod.ts", "deno.json", "deno.lock", "src", "migrations", "chaos"]) {
+  for (
+    const name of [
+      "cli.ts",
+      "mod.ts",
+      "admin.ts",
+      "deno.json",
+      "deno.lock",
+      "src",
+      "migrations",
+      "chaos",
+    ]
+  ) {
     if (await Deno.lstat(`${root}/${name}`).then(() => true, () => false)) {
       entries.push(`${root}/${name}`);
     }

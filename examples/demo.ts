@@ -7,7 +7,8 @@
  * @module
  */
 import { configure, getConsoleSink, getTextFormatter } from "@logtape/logtape";
-import { migrate, type Sql, Worker } from "../mod.ts";
+import { type Sql, Worker } from "../mod.ts";
+import { migrate } from "../admin.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
 
 const FINISH_WITHIN_MS = 60_000;

@@ -29,7 +29,8 @@
  *
  * @module
  */
-import { EnqueueError, migrate, Worker } from "@akadze/akadze";
+import { EnqueueError, Worker } from "@akadze/akadze";
+import { migrate } from "@akadze/akadze/admin";
 import { renderMetrics } from "@akadze/akadze/metrics";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "@akadze/akadze/testing";
 import type * as HttpApp from "./http_app.ts";

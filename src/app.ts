@@ -4,7 +4,15 @@
  *
  * @module
  */
-import { connect, DEFAULT_SCHEMA, describeError, quoteSchema, type Sql } from "./db.ts";
+import {
+  connect,
+  DEFAULT_SCHEMA,
+  describeError,
+  quoteSchema,
+  type Sql,
+  type TransactionSql,
+} from "./db.ts";
+import type { NodePostgresClient } from "./node_postgres.ts";
 import { guardTypeFetch, installDriverGuard } from "./driver_guard.ts";
 import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
 import { AkadzeError, JobNotFound } from "./errors.ts";
@@ -17,14 +25,7 @@ import type { StandardSchemaV1 } from "./standard_schema.ts";
 import { closeLoopConnections } from "./loop_connection.ts";
 import { type JobDetail, normalizeId } from "./admin/jobs.ts";
 import { JobWaiters, type WaitOptions } from "./wait.ts";
-import {
-  type EnqueuedFlow,
-  enqueueFlow,
-  type FlowHost,
-  flowJobs,
-  type FlowOptions,
-  type FlowStep,
-} from "./flow.ts";
+import { type EnqueuedFlow, enqueueFlow, type FlowHost, flowJobs, type FlowStep } from "./flow.ts";
 import {
   type AnyTask,
   type ArgsInput,
@@ -440,7 +441,7 @@ export class Akadze {
    */
   async enqueueFlow(
     steps: Record<string, FlowStep>,
-    options: FlowOptions = {},
+    options: { session?: Sql | TransactionSql | NodePostgresClient } = {},
   ): Promise<EnqueuedFlow> {
     const host: FlowHost = {
       sql: this.sql,

@@ -8,7 +8,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import type { TransactionSql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
 import type { JobInfo } from "./job.ts";
-import type { DependencyOutcome, ResultSource } from "./dependencies.ts";
+import type { DependencyOutcome } from "./dependencies.ts";
 import type { FlowStep, OnDependencyFailure } from "./flow.ts";
 
 /** What a running job can see and do. */
@@ -46,7 +46,10 @@ export interface JobContext {
    * (`step` names it when several dependencies ran the task). Throws an `AkadzeError` when
    * there is no such dependency or it did not succeed.
    */
-  resultOf<R>(task: ResultSource<R>, step?: string): Promise<Awaited<R>>;
+  resultOf<R>(
+    task: { readonly name: string; readonly handler: (...args: never[]) => R },
+    step?: string,
+  ): Promise<Awaited<R>>;
   /**
    * Add child jobs to this one and end the run waiting for them, without holding a slot:
    * the children (steps of a flow, which may depend on each other) are inserted in the

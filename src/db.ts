@@ -141,7 +141,6 @@ const PASSWORD_PARAM = /(password=)[^&\s'"]*/gi;
  *
  * @example
  * ```ts
- * import { redact } from "@akadze/akadze";
  * redact("postgres://app:s3cret@db/app"); // "postgres://app:***@db/app"
  * ```
  */
@@ -172,7 +171,6 @@ const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
  *
  * @example
  * ```ts
- * import { quoteSchema } from "@akadze/akadze";
  * quoteSchema("akadze"); // '"akadze"'
  * ```
  */
@@ -312,7 +310,6 @@ const TRANSIENT_DENO_ERRORS = new Set([
  *
  * @example
  * ```ts
- * import { isTransientError } from "@akadze/akadze";
  * isTransientError(Object.assign(new Error("x"), { code: "40P01" })); // true
  * ```
  */
@@ -353,8 +350,6 @@ export function hideQuotedInput(message: string, code: unknown): string {
  *
  * @example
  * ```ts
- * import { describeError } from "@akadze/akadze";
- *
  * const error = Object.assign(new Error("connect failed: postgres://app:s3cret@db/app"), {
  *   code: "ECONNREFUSED",
  * });

@@ -31,9 +31,8 @@ export interface DependencyOutcome {
 export interface ResultSource<R> {
   /** The task name. */
   readonly name: string;
-  /** Its handler (only the type of its result matters here). */
-  // deno-lint-ignore no-explicit-any
-  readonly handler: (...args: any[]) => R;
+  /** The task's handler: its return type is the result's. */
+  readonly handler: (...args: never[]) => R;
 }
 
 /**

@@ -79,7 +79,7 @@ export class DuplicateJob extends EnqueueError {}
  *
  * @example
  * ```ts ignore
- * import { migrate, MigrateError } from "@akadze/akadze";
+ * import { migrate, MigrateError } from "@akadze/akadze/admin";
  *
  * try {
  *   await migrate(Deno.env.get("AKADZE_DATABASE_URL")!);

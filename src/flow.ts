@@ -43,7 +43,7 @@ const ON_FAILURE: readonly OnDependencyFailure[] = ["cancel", "ignore", "continu
  * One dependency of a step: another step of the flow (`step`) or an existing job (`job`,
  * its id), with what its failure does (`onFailure`, default `"cancel"`).
  */
-export interface FlowDependency {
+interface FlowDependency {
   /** A step of the same flow, by name. */
   step?: string;
   /** An existing job, by id. */
@@ -61,12 +61,20 @@ export interface FlowStep extends Omit<EnqueueOptions, "session"> {
   task: { readonly name: string } | string;
   /** Its arguments, checked against the task's schema. Default `{}`. */
   args?: unknown;
-  /** What it waits for: step names, or {@linkcode FlowDependency} objects. */
-  dependsOn?: readonly (string | FlowDependency)[];
+  /**
+   * What it waits for: step names, or objects naming another step of the flow (`step`) or
+   * an existing job (`job`, its id), with what its failure does (`onFailure`, default
+   * `"cancel"`).
+   */
+  dependsOn?: readonly (string | {
+    step?: string;
+    job?: string;
+    onFailure?: OnDependencyFailure;
+  })[];
 }
 
 /** Options of `app.enqueueFlow`. */
-export interface FlowOptions {
+interface FlowOptions {
   /** Enqueue on this connection or transaction (a rollback removes the whole flow). */
   session?: Sql | TransactionSql | NodePostgresClient;
 }
@@ -391,7 +399,7 @@ export function dependencyOrder(
 }
 
 /** Steps given to {@linkcode chain}, {@linkcode group} and {@linkcode chord}: named, or a list. */
-export type StepList = readonly FlowStep[] | Record<string, FlowStep>;
+type StepList = readonly FlowStep[] | Record<string, FlowStep>;
 
 /** The steps of `steps` by name: a list's steps are named "1", "2", … in order. */
 function named(steps: StepList, what: string): [string, FlowStep][] {
@@ -428,7 +436,9 @@ function named(steps: StepList, what: string): [string, FlowStep][] {
  * ]));
  * ```
  */
-export function chain(steps: StepList): Record<string, FlowStep> {
+export function chain(
+  steps: readonly FlowStep[] | Record<string, FlowStep>,
+): Record<string, FlowStep> {
   const out: Record<string, FlowStep> = {};
   let previous: string | undefined;
   for (const [name, step] of named(steps, "chain")) {
@@ -448,7 +458,9 @@ export function chain(steps: StepList): Record<string, FlowStep> {
  * await app.enqueueFlow(group(files.map((file) => ({ task: resize, args: { file } }))));
  * ```
  */
-export function group(steps: StepList): Record<string, FlowStep> {
+export function group(
+  steps: readonly FlowStep[] | Record<string, FlowStep>,
+): Record<string, FlowStep> {
   return Object.fromEntries(named(steps, "group"));
 }
 
@@ -468,7 +480,7 @@ export function group(steps: StepList): Record<string, FlowStep> {
  * ```
  */
 export function chord(
-  header: StepList,
+  header: readonly FlowStep[] | Record<string, FlowStep>,
   callback: FlowStep,
   options: { onFailure?: OnDependencyFailure } = {},
 ): Record<string, FlowStep> {

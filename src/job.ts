@@ -15,7 +15,7 @@ import type { TransactionSql } from "./db.ts";
  *
  * @example
  * ```ts
- * import { JOB_STATE_KINDS } from "@akadze/akadze";
+ * import { JOB_STATE_KINDS } from "@akadze/akadze/admin";
  * console.log(JOB_STATE_KINDS.failed); // "terminal"
  * ```
  */
@@ -108,31 +108,27 @@ export interface EnqueuedJob {
   readonly args: Record<string, unknown>;
 }
 
-/** `onEnqueue(tx, job)`: runs in the enqueue's transaction; an error undoes that enqueue. */
-export type OnEnqueueHook = (tx: TransactionSql, job: EnqueuedJob) => unknown;
-/** `beforeRun(job)`: runs inside the timeout before the handler; an error fails the run. */
-export type BeforeRunHook = (job: JobInfo) => unknown;
-/** `afterRun(job, result)`: runs inside the timeout after the handler returned. */
-export type AfterRunHook = (job: JobInfo, result: unknown) => unknown;
-/**
- * `onTransition(tx, job, from, to)`: runs in the transaction that makes the state change;
- * an error rolls back that transition only.
- */
-export type OnTransitionHook = (
-  tx: TransactionSql,
-  job: JobInfo,
-  from: JobState,
-  to: JobState,
-) => unknown;
-
 /** The hook arrays of an app; push functions onto them. */
 export interface Hooks {
-  /** See {@linkcode OnEnqueueHook}. */
-  readonly onEnqueue: OnEnqueueHook[];
-  /** See {@linkcode BeforeRunHook}. */
-  readonly beforeRun: BeforeRunHook[];
-  /** See {@linkcode AfterRunHook}. */
-  readonly afterRun: AfterRunHook[];
-  /** See {@linkcode OnTransitionHook}. */
-  readonly onTransition: OnTransitionHook[];
+  /** `onEnqueue(tx, job)`: runs in the enqueue's transaction; an error undoes that enqueue. */
+  readonly onEnqueue: ((tx: TransactionSql, job: EnqueuedJob) => unknown)[];
+  /** `beforeRun(job)`: runs inside the timeout before the handler; an error fails the run. */
+  readonly beforeRun: ((job: JobInfo) => unknown)[];
+  /** `afterRun(job, result)`: runs inside the timeout after the handler returned. */
+  readonly afterRun: ((job: JobInfo, result: unknown) => unknown)[];
+  /**
+   * `onTransition(tx, job, from, to)`: runs in the transaction that makes the state change;
+   * an error rolls back that transition only.
+   */
+  readonly onTransition:
+    ((tx: TransactionSql, job: JobInfo, from: JobState, to: JobState) => unknown)[];
 }
+
+/** One `onEnqueue` hook (see {@linkcode Hooks}). */
+export type OnEnqueueHook = Hooks["onEnqueue"][number];
+/** One `beforeRun` hook (see {@linkcode Hooks}). */
+export type BeforeRunHook = Hooks["beforeRun"][number];
+/** One `afterRun` hook (see {@linkcode Hooks}). */
+export type AfterRunHook = Hooks["afterRun"][number];
+/** One `onTransition` hook (see {@linkcode Hooks}). */
+export type OnTransitionHook = Hooks["onTransition"][number];

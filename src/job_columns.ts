@@ -7,7 +7,8 @@
  *   tests/job_columns_test.ts compares them), decoded by name by {@linkcode decodeClaimed};
  * - `row`: what the worker reads of a job whose state it changed (`JobRow`, worker/job_row.ts);
  * - `info`: the `JobInfo` given to hooks and handlers, made from a `row`;
- * - `summary`: `listJobs`'s `JobSummary` (admin/jobs.ts); `detail`: what `getJob` adds.
+ * - `summary`: `listJobs`'s `JobSummary` (admin/jobs.ts); `detail`: what `getJob` adds;
+ * - `step`: a step of a job's flow, as `getJob` lists them with `includeFlow`.
  *
  * Column names are the table's (snake_case); `field` is the camelCase key of the
  * application's objects.
@@ -17,7 +18,7 @@
 import type { JobState } from "./job.ts";
 
 /** Where a column is read; see the module documentation. */
-export type JobRead = "claim" | "row" | "info" | "summary" | "detail";
+export type JobRead = "claim" | "row" | "info" | "summary" | "detail" | "step";
 
 /** The SQL types of the columns read, and how the reads decode them. */
 interface SqlTypes {
@@ -54,11 +55,11 @@ export interface JobColumn {
  * then the rest.
  */
 export const JOB_COLUMNS = [
-  col("id", "bigint", false, ["claim", "row", "info", "summary"]),
-  col("task", "text", false, ["claim", "row", "info", "summary"]),
-  col("queue", "text", false, ["claim", "row", "info", "summary"]),
+  col("id", "bigint", false, ["claim", "row", "info", "summary", "step"]),
+  col("task", "text", false, ["claim", "row", "info", "summary", "step"]),
+  col("queue", "text", false, ["claim", "row", "info", "summary", "step"]),
   col("priority", "smallint", false, ["claim", "row", "info", "summary"]),
-  col("attempt", "integer", false, ["claim", "row", "info", "summary"]),
+  col("attempt", "integer", false, ["claim", "row", "info", "summary", "step"]),
   col("run_count", "integer", false, ["claim", "row", "info", "summary"]),
   col("max_attempts", "integer", false, ["claim", "row", "info", "summary"]),
   col("snoozes", "integer", false, ["claim", "row", "info", "detail"]),
@@ -70,11 +71,11 @@ export const JOB_COLUMNS = [
   col("started_at", "timestamptz", true, ["claim", "row", "info", "summary"]),
   col("args", "jsonb", false, ["claim", "detail"]),
   col("worker_id", "text", true, ["row", "info", "summary"]),
-  col("state", "state", false, ["row", "summary"]),
-  col("finished_at", "timestamptz", true, ["summary"]),
+  col("state", "state", false, ["row", "summary", "step"]),
+  col("finished_at", "timestamptz", true, ["summary", "step"]),
   col("cancel_requested", "boolean", false, ["summary"], "j.cancel_requested_at is not null"),
   col("flow_id", "bigint", true, ["summary"]),
-  col("step", "text", true, ["summary"]),
+  col("step", "text", true, ["summary", "step"]),
   col("errors", "jsonb", false, ["detail"]),
   col("result", "jsonb", true, ["detail"]),
   col("progress", "jsonb", true, ["detail"]),

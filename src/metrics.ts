@@ -1,7 +1,8 @@
 /**
  * Prometheus text exposition of akadze's queue state: jobs per queue and state, queue
  * lag, paused queues, busy slots, live workers, limit usage, and what holds back the
- * cleanup of the jobs table (see `docs/operating.md`). The library stays
+ * cleanup of the jobs table (see `docs/operating.md`), with {@linkcode renderMetrics}; and
+ * {@linkcode WorkerMetrics}, a worker's own counters (`worker.metrics`). The library stays
  * HTTP-free: serve the text from your own endpoint.
  *
  * @example A metrics endpoint: save as `metrics.ts`, run with
@@ -28,6 +29,8 @@ import { queueSnapshots, readQueueState } from "./admin/queues.ts";
 import { DEFAULT_SCHEMA, explainMissingSchema, quoteSchema, type Sql } from "./db.ts";
 import { horizonGauges, readHorizon } from "./horizon.ts";
 import { JOB_STATES } from "./job.ts";
+
+export { type FinishedOutcome, WorkerMetrics } from "./worker/worker_metrics.ts";
 
 /** Options of {@linkcode renderMetrics}. */
 export interface RenderMetricsOptions {

@@ -14,6 +14,8 @@ import awaitProgress from "../migrations/0007_await_progress.sql" with { type: "
 import flows from "../migrations/0008_flows.sql" with { type: "text" };
 import flowIndexes from "../migrations/0009_flow_indexes.sql" with { type: "text" };
 import enqueueWaitingKeys from "../migrations/0010_enqueue_waiting_keys.sql" with { type: "text" };
+import traceContext from "../migrations/0011_trace_context.sql" with { type: "text" };
+import flowOps from "../migrations/0012_flow_ops.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -56,9 +58,11 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0008_flows", sql: flows },
   { version: "0009_flow_indexes", sql: flowIndexes },
   { version: "0010_enqueue_waiting_keys", sql: enqueueWaitingKeys },
+  { version: "0011_trace_context", sql: traceContext },
+  { version: "0012_flow_ops", sql: flowOps },
 ];
 
-/** Options of {@linkcode migrate} and {@linkcode appliedVersions}. */
+/** Options of {@linkcode migrate}. */
 export interface MigrateOptions {
   /** The schema that holds akadze's tables. Default `"akadze"`. */
   schema?: string;
@@ -105,8 +109,6 @@ const RETRIED_CONCURRENT = new Set([...RETRIED, "42P07", "23505", "AKBUILD"]);
  *
  * @example
  * ```ts
- * import { knownVersions } from "@akadze/akadze";
- *
  * console.log(knownVersions()); // ["0001_init", ...]
  * ```
  */
@@ -126,7 +128,7 @@ export function knownVersions(): string[] {
  *
  * @example
  * ```ts ignore
- * import { migrate } from "@akadze/akadze";
+ * import { migrate } from "@akadze/akadze/admin";
  * const applied = await migrate(Deno.env.get("AKADZE_DATABASE_URL")!, {
  *   lockTimeout: 500, // ms, the default
  *   onRetry: (r) => console.error(`${r.version}: ${r.reason}; again in ${r.delay} ms`),
@@ -397,7 +399,7 @@ export interface MigrationSqlOptions {
  *
  * @example
  * ```ts
- * import { migrationSql } from "@akadze/akadze";
+ * import { migrationSql } from "@akadze/akadze/admin";
  *
  * const script = migrationSql({ schema: "akadze" });
  * console.log(script.split("\n")[0]); // "-- akadze schema "akadze": versions 0001_init, ..."
@@ -455,7 +457,6 @@ export function migrationSql(options: MigrationSqlOptions = {}): string {
  *
  * @example
  * ```ts ignore
- * import { appliedVersions } from "@akadze/akadze";
  * console.log(await appliedVersions(Deno.env.get("AKADZE_DATABASE_URL")!));
  * ```
  */
@@ -491,7 +492,7 @@ export interface MigrationStatus {
  *
  * @example
  * ```ts ignore
- * import { migrationStatus } from "@akadze/akadze";
+ * import { migrationStatus } from "@akadze/akadze/admin";
  *
  * for (const m of await migrationStatus(Deno.env.get("AKADZE_DATABASE_URL")!)) {
  *   console.log(m.version, m.state, m.appliedAt?.toISOString() ?? "-");
@@ -521,8 +522,6 @@ export async function migrationStatus(
  *
  * @example
  * ```ts ignore
- * import { pendingVersions } from "@akadze/akadze";
- *
  * const pending = await pendingVersions(Deno.env.get("AKADZE_DATABASE_URL")!);
  * if (pending.length > 0) throw new Error(`run akadze migrate (pending: ${pending})`);
  * ```

@@ -7,47 +7,51 @@
  */
 import { sameJson } from "./json.ts";
 
-/** A validator that implements Standard Schema v1. */
+/**
+ * A validator that implements Standard Schema v1 (valibot, zod, arktype, ...): what a task's
+ * `args` option takes. Written out in one piece, so it is the only name of the standard a
+ * user of akadze meets.
+ */
 export interface StandardSchemaV1<Input = unknown, Output = Input> {
   /** The Standard Schema properties. */
-  readonly "~standard": StandardSchemaProps<Input, Output>;
-}
-
-/** The `~standard` property of a {@linkcode StandardSchemaV1}. */
-export interface StandardSchemaProps<Input = unknown, Output = Input> {
-  /** Always 1. */
-  readonly version: 1;
-  /** The library that made the schema. */
-  readonly vendor: string;
-  /** Validate a value; may be async. */
-  readonly validate: (
-    value: unknown,
-  ) => StandardSchemaResult<Output> | Promise<StandardSchemaResult<Output>>;
-  /** Type carriers for inference only. */
-  readonly types?: { readonly input: Input; readonly output: Output } | undefined;
+  readonly "~standard": {
+    /** Always 1. */
+    readonly version: 1;
+    /** The library that made the schema. */
+    readonly vendor: string;
+    /**
+     * Validate a value; may be async. The result is the value, or the issues: each says
+     * what is wrong (`message`) and where (`path`, keys from the root).
+     */
+    readonly validate: (value: unknown) =>
+      | { readonly value: Output; readonly issues?: undefined }
+      | {
+        readonly issues: ReadonlyArray<{
+          readonly message: string;
+          readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined;
+        }>;
+      }
+      | Promise<
+        | { readonly value: Output; readonly issues?: undefined }
+        | {
+          readonly issues: ReadonlyArray<{
+            readonly message: string;
+            readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined;
+          }>;
+        }
+      >;
+    /** Type carriers for inference only. */
+    readonly types?: { readonly input: Input; readonly output: Output } | undefined;
+  };
 }
 
 /** The result of a validation: a value, or issues. */
-export type StandardSchemaResult<Output> =
-  | { readonly value: Output; readonly issues?: undefined }
-  | { readonly issues: ReadonlyArray<StandardSchemaIssue> };
+export type StandardSchemaResult<Output> = Awaited<
+  ReturnType<StandardSchemaV1<unknown, Output>["~standard"]["validate"]>
+>;
 
 /** One validation problem. */
-export interface StandardSchemaIssue {
-  /** What is wrong. */
-  readonly message: string;
-  /** Where, as keys from the root. */
-  readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined;
-}
-
-/** The input type of a schema. */
-export type InferInput<S extends StandardSchemaV1> = NonNullable<
-  S["~standard"]["types"]
->["input"];
-/** The output type of a schema. */
-export type InferOutput<S extends StandardSchemaV1> = NonNullable<
-  S["~standard"]["types"]
->["output"];
+export type StandardSchemaIssue = NonNullable<StandardSchemaResult<unknown>["issues"]>[number];
 
 /** Whether a value looks like a Standard Schema v1 validator. */
 export function isStandardSchema(value: unknown): value is StandardSchemaV1 {

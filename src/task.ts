@@ -19,12 +19,7 @@ import {
   QUEUE_NAME_RULE,
   TASK_NAME_MAX,
 } from "./rules.ts";
-import {
-  type InferInput,
-  type InferOutput,
-  isStandardSchema,
-  type StandardSchemaV1,
-} from "./standard_schema.ts";
+import { isStandardSchema, type StandardSchemaV1 } from "./standard_schema.ts";
 
 /** Any task, whatever its types (for registries). */
 // deno-lint-ignore no-explicit-any
@@ -34,9 +29,13 @@ export type AnyTask = Task<any, any, any>;
 export type JsonObject = Record<string, unknown>;
 
 /** The arguments a caller passes to enqueue for a schema (or a JSON object without one). */
-export type ArgsInput<S> = S extends StandardSchemaV1 ? InferInput<S> : JsonObject;
+export type ArgsInput<S> = S extends StandardSchemaV1
+  ? NonNullable<S["~standard"]["types"]>["input"]
+  : JsonObject;
 /** The arguments a handler receives for a schema (or a JSON object without one). */
-export type ArgsOutput<S> = S extends StandardSchemaV1 ? InferOutput<S> : JsonObject;
+export type ArgsOutput<S> = S extends StandardSchemaV1
+  ? NonNullable<S["~standard"]["types"]>["output"]
+  : JsonObject;
 
 /**
  * Decides the delay before the next attempt: milliseconds, or null to stop retrying and

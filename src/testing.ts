@@ -12,7 +12,8 @@
  *
  * @example A complete test: save as `signup_test.ts`, run with `deno test -A`
  * ```ts
- * import { Akadze, migrate } from "@akadze/akadze";
+ * import { Akadze } from "@akadze/akadze";
+ * import { migrate } from "@akadze/akadze/admin";
  * import { assertEnqueued, createTestDatabase, drain } from "@akadze/akadze/testing";
  *
  * Deno.test("a welcome mail is enqueued and sent", async () => {

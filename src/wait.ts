@@ -48,7 +48,7 @@ export interface WaitOptions {
    * every `pollInterval`.
    */
   listen?: boolean;
-  /** How often the jobs are read while waiting (ms). Default {@linkcode WAIT_POLL_DEFAULT}. */
+  /** How often the jobs are read while waiting (ms). Default 1000. */
   pollInterval?: number;
 }
 

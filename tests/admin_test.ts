@@ -14,7 +14,7 @@ import {
   requeueJobs,
   resumeQueue,
   setLimit,
-} from "../mod.ts";
+} from "../admin.ts";
 import { AkadzeError, DuplicateJob } from "../src/errors.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";

@@ -18,7 +18,7 @@ import {
   requeue,
   resumeQueue,
   setLimit,
-} from "../mod.ts";
+} from "../admin.ts";
 import type { Sql } from "../src/db.ts";
 import { AkadzeError, DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { migrate } from "../src/migrate.ts";

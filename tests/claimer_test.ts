@@ -1,7 +1,7 @@
 // The claimer on one connection: the one-queue claim is a function whose plan that
 // connection keeps, so what changes between claims (pauses, limits, priorities) must be
 // read when the claim runs, not when it was planned.
-import { pauseQueue, resumeQueue, setLimit } from "../mod.ts";
+import { pauseQueue, resumeQueue, setLimit } from "../admin.ts";
 import { connect, type Sql } from "../src/db.ts";
 import { Claimer } from "../src/worker/claimer.ts";
 import { assert, assertEquals } from "./assert.ts";

@@ -2,7 +2,7 @@
 // schedules, each run as `deno run cli.ts …` against a real database.
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
 import { assertPromtoolAccepts, HAVE_PROMTOOL } from "./_promtool.ts";
-import { pruneJobs } from "../mod.ts";
+import { pruneJobs } from "../admin.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { migrate } from "../src/migrate.ts";
 import type { Sql } from "../src/db.ts";
@@ -238,6 +238,8 @@ Deno.test("jobs list: tab-separated rows in queue order or newest first, filters
       "limitKey",
       "expiresAt",
       "cancelRequested",
+      "flowId",
+      "step",
     ]);
     assertEquals(
       [jobs[1].id, jobs[1].task, jobs[1].priority, jobs[1].uniqueKey, jobs[1].cancelRequested],
@@ -541,6 +543,14 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
     await insertJob(sql, { task: "t", queue: "mail", run_at: new Date(Date.now() + 3_600_000) });
     await finishedJob(sql, "failed", "1 minute", { queue: "mail" });
     await insertJob(sql, { task: "t", queue: "default" });
+    // A step waiting for its dependencies: counted as waiting, not ready, no lag.
+    await insertJob(sql, {
+      task: "t",
+      queue: "default",
+      state: "waiting",
+      pending_deps: 1,
+      run_at: new Date(Date.now() - 3_600_000),
+    });
 
     const pause = await runCli(["queues", "pause", "mail"], env);
     assertEquals([pause.code, pause.stdout, pause.stderr], [0, "paused queue mail\n", ""]);
@@ -561,6 +571,7 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
     assertEquals(rows[0], [
       "QUEUE",
       "PAUSED",
+      "WAITING",
       "QUEUED",
       "READY",
       "RUNNING",
@@ -569,18 +580,20 @@ Deno.test("queues list|pause|resume: counts and lag, pauses written to queue_pau
       "CANCELLED",
       "LAG_SECONDS",
     ]);
-    assertEquals(rows.slice(1).map((r) => r.slice(0, 8)), [
-      ["default", "false", "1", "1", "0", "0", "0", "0"],
-      ["idle", "true", "0", "0", "0", "0", "0", "0"],
-      ["mail", "true", "2", "1", "0", "0", "1", "0"],
+    assertEquals(rows.slice(1).map((r) => r.slice(0, 9)), [
+      ["default", "false", "1", "1", "1", "0", "0", "0", "0"],
+      ["idle", "true", "0", "0", "0", "0", "0", "0", "0"],
+      ["mail", "true", "0", "2", "1", "0", "0", "1", "0"],
     ]);
-    assert(Number(rows[3][8]) >= 9.5 && Number(rows[3][8]) < 120, rows[3][8]);
-    assertEquals(rows[2][8], "0");
+    assert(Number(rows[3][9]) >= 9.5 && Number(rows[3][9]) < 120, rows[3][9]);
+    assertEquals(rows[2][9], "0");
+    assert(Number(rows[1][9]) < 60, `the waiting job adds no lag: ${rows[1][9]}`);
 
     const json = JSON.parse((await runCli(["queues", "list", "--json"], env)).stdout);
     assertEquals(Object.keys(json[2]), [
       "queue",
       "paused",
+      "waiting",
       "queued",
       "ready",
       "running",

@@ -140,7 +140,7 @@ Deno.test("every ts sample in README.md and docs/*.md type-checks", async () => 
 });
 
 Deno.test("the JSDoc examples of the sources type-check", async () => {
-  const { ok, output } = await denoCheck(["--doc", "mod.ts", "cli.ts", "src/"]);
+  const { ok, output } = await denoCheck(["--doc", "mod.ts", "admin.ts", "cli.ts", "src/"]);
   assert(ok, output);
 });
 

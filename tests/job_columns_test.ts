@@ -5,12 +5,8 @@
 import { quoteSchema } from "../src/db.ts";
 import { ACTIVE_STATES, JOB_STATES, stateList, TERMINAL_STATES } from "../src/job.ts";
 import { claimResultColumns, claimValues, columnsOf } from "../src/job_columns.ts";
-import {
-  claimOrder,
-  claimSet,
-  noLimitPredicate,
-  readyPredicates,
-} from "../src/worker/claim_rule.ts";
+import { claimOrder, claimSet, noLimitPredicate } from "../src/worker/claim_rule.ts";
+import { readyPredicates } from "../src/ready_rule.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { withDatabase } from "./_helpers.ts";
 
@@ -101,11 +97,19 @@ Deno.test("every read of job_columns.ts selects columns the jobs table has", asy
          where attrelid = 'akadze.jobs'::regclass and attnum > 0 and not attisdropped`)
         .map((r) => r.attname as string),
     );
-    for (const read of ["claim", "row", "info", "summary", "detail"] as const) {
+    for (const read of ["claim", "row", "info", "summary", "detail", "step"] as const) {
       for (const c of columnsOf(read)) {
         if (c.sql) continue;
         assert(columns.has(c.name), `${read} reads ${c.name}, which akadze.jobs does not have`);
       }
     }
   });
+});
+
+Deno.test("the ready rule names a queue only when given one", () => {
+  const any = readyPredicates();
+  assert(!any.some((p) => p.includes("c.queue")), `no queue predicate: ${any.join(" and ")}`);
+  const one = readyPredicates("$1");
+  assertEquals(one.filter((p) => !any.includes(p)), ["c.queue = $1"]);
+  assertEquals(one.filter((p) => any.includes(p)), any);
 });

@@ -1,5 +1,5 @@
 // Limits enforced by the claim (SPEC §5.11), raced by several worker processes.
-import { setLimit } from "../mod.ts";
+import { setLimit } from "../admin.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { connect, type Sql } from "../src/db.ts";
 import { Claimer } from "../src/worker/claimer.ts";
@@ -326,5 +326,57 @@ Deno.test("claimers racing over many limit keys never start two jobs of a key wi
     } finally {
       await Promise.all(pools.map((pool) => pool.end()));
     }
+  });
+});
+
+Deno.test("a finished keyed job lets the next job of its key start without waiting for the poll", async () => {
+  await withApp("lim_freed_wakes", async (app, sql) => {
+    const work = app.task("work", () => {});
+    await setLimit(app.sql, "k", { maxRunning: 1 });
+    await work.using({ limitKey: "k" }).enqueueMany([{}, {}, {}]);
+    // Neither a poll nor a heartbeat wakes the loop during the wait below.
+    const w = startWorker(app, {
+      slots: 4,
+      pollInterval: 120_000,
+      heartbeatInterval: 60_000,
+      heartbeatTtl: 180_000,
+    });
+    try {
+      await waitFor(
+        async () => (await countJobs(sql, "succeeded")) === 3,
+        "the three jobs of the key, one after another",
+        20_000,
+      );
+    } finally {
+      await w.stop();
+    }
+  });
+});
+
+Deno.test("the check for a key with room looks past the first hundred keys at their limit", async () => {
+  await withApp("lim_key_walk", async (_app, sql) => {
+    // 150 keys at their maxRunning 1, each with one more job queued.
+    await tenants(sql, 150, { maxRunning: 1 }, () => 2);
+    await sql`update akadze.jobs set state = 'running', worker_id = 'elsewhere', started_at = now()
+               where id in (select min(id) from akadze.jobs group by limit_key)`;
+    await sql`analyze akadze.jobs`;
+    const claimer = workClaimer(sql);
+    const claim = () => claimer.claim([{ queue: "default", slots: 5 }], 5);
+    assertEquals((await claim()).claimed, [], "every key is at its limit");
+    // The last key by name gets room: found although the walk of queued keys stops earlier.
+    await sql`update akadze.jobs set state = 'succeeded', finished_at = now(), worker_id = null
+               where state = 'running' and limit_key = 'tenant:00149'`;
+    const got = await claim();
+    assertEquals(got.claimed.map((j) => j.limit_key), ["tenant:00149"]);
+    assertEquals((await claim()).claimed, [], "and then no key has room again");
+    // With few keys queued the walk sees them all: a key with room, then none.
+    await sql`delete from akadze.jobs where limit_key > 'tenant:00002'`;
+    await sql`update akadze.jobs set state = 'succeeded', finished_at = now(), worker_id = null
+               where state = 'running' and limit_key = 'tenant:00001'`;
+    assertEquals((await claim()).claimed.map((j) => j.limit_key), ["tenant:00001"]);
+    assertEquals((await claim()).claimed, []);
+    // Jobs without a key are claimed meanwhile.
+    await sql`insert into akadze.jobs (task) values ('work'), ('work')`;
+    assertEquals((await claim()).claimed.map((j) => j.limit_key), [null, null]);
   });
 });

@@ -9,6 +9,9 @@ Deno.test("renderMetrics reports jobs, lag, pauses, workers and limits without j
                      ('t', 'mail', '{}', now() + interval '1 hour')`;
     await sql`insert into akadze.jobs (task, queue, state, worker_id, started_at, limit_key)
               values ('t', 'mail', 'running', 'w1', now(), 'api')`;
+    // A step of a flow waiting for its dependencies: counted, neither ready nor lagging.
+    await sql`insert into akadze.jobs (task, queue, state, run_at, pending_deps)
+              values ('t', 'mail', 'waiting', now() - interval '1 hour', 1)`;
     await sql`insert into akadze.queue_pauses (queue) values ('idle'), ('we"ird')`;
     await sql`insert into akadze.workers (id, hostname, pid, queues) values ('w1', 'h', 1, '{mail}')`;
     await sql`insert into akadze.limits (key, max_running) values ('api', 2)`;
@@ -16,6 +19,8 @@ Deno.test("renderMetrics reports jobs, lag, pauses, workers and limits without j
     assert(!text.includes("do-not-leak"));
     assertMatch(text, /^akadze_jobs\{queue="mail",state="queued"\} 2$/m);
     assertMatch(text, /^akadze_jobs\{queue="mail",state="running"\} 1$/m);
+    assertMatch(text, /^akadze_jobs\{queue="mail",state="waiting"\} 1$/m);
+    assertMatch(text, /^akadze_jobs\{queue="idle",state="waiting"\} 0$/m);
     assertMatch(text, /^akadze_jobs\{queue="idle",state="queued"\} 0$/m);
     assertMatch(text, /^akadze_queue_paused\{queue="we\\"ird"\} 1$/m);
     const lag = Number(/^akadze_queue_lag_seconds\{queue="mail"\} (\S+)$/m.exec(text)?.[1]);

@@ -2,7 +2,7 @@
 // into a deterministic test: a broken socket (EPIPE) is transient; a job left running under
 // a worker's id that it does not know of is given back by the worker's own heartbeat; a worker frozen
 // while holding a limit key's lock, or a schedule fire's row, stalls nobody else.
-import { setLimit } from "../mod.ts";
+import { setLimit } from "../admin.ts";
 import { connect, isTransientError } from "../src/db.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { assert, assertEquals } from "./assert.ts";

@@ -19,7 +19,7 @@ import {
   requeue,
   resumeQueue,
   setLimit,
-} from "../mod.ts";
+} from "../admin.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
 import { startWorker, waitFor, waitForJob, withDatabase } from "./_helpers.ts";
 import { extractBlocks } from "./_markdown.ts";

@@ -488,3 +488,38 @@ Deno.test("SQL enqueue refuses arguments over akadze.max_args_bytes, as TypeScri
     assert(id, "enqueued under the raised limit");
   });
 });
+
+Deno.test("SQL enqueue stores the trace context its transaction set in akadze.traceparent, and ignores one that is not valid", async () => {
+  await withApp("sql_trace_context", async (app, sql) => {
+    const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const contextOf = async (settings: Record<string, string>, many = false) => {
+      const ids = await sql.begin(async (tx) => {
+        for (const [name, value] of Object.entries(settings)) {
+          await tx`select set_config(${name}, ${value}, true)`;
+        }
+        return many
+          ? (await tx`select id::text from akadze.enqueue_many('t', '[{}, {}]')`).map((r) => r.id)
+          : [(await tx`select akadze.enqueue('t')::text as id`)[0].id];
+      });
+      const rows = await sql`
+        select trace_context from akadze.jobs where id = any(${ids}::bigint[]) order by id`;
+      return rows.map((r) => r.trace_context);
+    };
+    assertEquals(await contextOf({}), [null]);
+    assertEquals(await contextOf({ "akadze.traceparent": traceparent }), [{ traceparent }]);
+    assertEquals(
+      await contextOf({ "akadze.traceparent": traceparent, "akadze.tracestate": "k=v" }, true),
+      [{ traceparent, tracestate: "k=v" }, { traceparent, tracestate: "k=v" }],
+    );
+    for (const bad of ["", "not a traceparent", traceparent.toUpperCase(), `${traceparent}-x`]) {
+      assertEquals(await contextOf({ "akadze.traceparent": bad }), [null], bad);
+    }
+    // SET LOCAL ends with its transaction: the next one stores none.
+    assertEquals(await contextOf({}), [null]);
+    // TypeScript enqueue without a tracer provider (tracing off) stores none either.
+    const id = await app.task("t", () => {}).enqueue({});
+    assertEquals((await sql`select trace_context from akadze.jobs where id = ${id}`)[0], {
+      trace_context: null,
+    });
+  });
+});

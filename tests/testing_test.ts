@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertThrows } from "./assert.ts";
 import postgres from "postgres";
-import { requestCancel } from "../mod.ts";
+import { requestCancel } from "../admin.ts";
 import { AkadzeError } from "../src/errors.ts";
 import {
   assertTestDatabaseUrl,

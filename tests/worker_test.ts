@@ -3,7 +3,7 @@ import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import { current } from "../src/context.ts";
 import { AkadzeError } from "../src/errors.ts";
-import { requestCancel } from "../mod.ts";
+import { requestCancel } from "../admin.ts";
 import { drain } from "../src/testing.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { LoopConnection } from "../src/loop_connection.ts";

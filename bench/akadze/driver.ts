@@ -2,7 +2,8 @@
 // worker in its own process), dead tuples, single-row enqueue, serial latency (the worker
 // beside the enqueue, as the peers' drivers measure it). Prints one line
 // "BENCH_RESULT {json}". Started by bench/run.ts with a JSON spec as argument.
-import { Akadze, migrate, Worker, type WorkerOptions } from "../../mod.ts";
+import { Akadze, Worker, type WorkerOptions } from "../../mod.ts";
+import { migrate } from "../../admin.ts";
 import { LineReader, LineWriter } from "../lib/lines.ts";
 import type { WorkerSpec } from "./worker.ts";
 import { workerApp } from "./worker_app.ts";

@@ -6,7 +6,8 @@
 // result says so (`skipped`) instead of measuring anything. Started with a JSON spec as
 // argument.
 import postgres from "postgres";
-import { migrate, Worker, type WorkerOptions } from "../../mod.ts";
+import { Worker, type WorkerOptions } from "../../mod.ts";
+import { migrate } from "../../admin.ts";
 import { cpuMs, postgresCpuMs } from "../lib/proc.ts";
 import { workerApp, type WorkerAppSpec } from "./worker_app.ts";
 import { createFlowLog, flowShape } from "../peers/flow_shapes.mjs";

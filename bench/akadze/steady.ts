@@ -2,7 +2,8 @@
 // enqueuing at a steady rate and one Worker on an app of its own, both in this
 // process, talking the protocol of bench/peers/steady.mjs. Started with a JSON spec as
 // argument.
-import { Akadze, migrate, Worker, type WorkerOptions } from "../../mod.ts";
+import { Akadze, Worker, type WorkerOptions } from "../../mod.ts";
+import { migrate } from "../../admin.ts";
 import { createSteady } from "../peers/steady.mjs";
 import { workerApp, type WorkerAppSpec } from "./worker_app.ts";
 

@@ -67,7 +67,15 @@ async function gitInfo(): Promise<{ commit: string; modified: string[] }> {
       return "";
     }
   };
-  const status = await git("status", "--porcelain", "--", "src", "migrations", "mod.ts");
+  const status = await git(
+    "status",
+    "--porcelain",
+    "--",
+    "src",
+    "migrations",
+    "mod.ts",
+    "admin.ts",
+  );
   return {
     commit: await git("rev-parse", "--short", "HEAD") || "unknown",
     modified: status ? status.split("\n").map((l) => l.slice(3)) : [],

@@ -22,14 +22,15 @@ import { checkQueueName, isIntegerIn, LIST_JOBS_MAX, TASK_NAME_MAX } from "../ru
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
- * Request the cancellation of a queued or running job, in the caller's transaction. A
- * queued job is cancelled by the next claim pass; a running job's worker aborts its
- * signal (NOTIFY at commit, or at its next heartbeat) and the job ends cancelled. Other
- * states and unknown ids are a no-op. Returns whether a job was marked.
+ * Request the cancellation of a waiting, queued or running job, in the caller's
+ * transaction. A waiting job (of a flow) is cancelled at once; a queued job is cancelled by
+ * the next claim pass; a running job's worker aborts its signal (NOTIFY at commit, or at
+ * its next heartbeat) and the job ends cancelled. Other states and unknown ids are a no-op.
+ * Returns whether a job was marked.
  *
  * @example
  * ```ts ignore
- * import { requestCancel } from "@akadze/akadze";
+ * import { requestCancel } from "@akadze/akadze/admin";
  * await app.sql.begin((tx) => requestCancel(tx, jobId));
  * ```
  */
@@ -81,7 +82,7 @@ const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null, worke
  *
  * @example
  * ```ts ignore
- * import { requeue } from "@akadze/akadze";
+ * import { requeue } from "@akadze/akadze/admin";
  * await app.sql.begin((tx) => requeue(tx, "42"));
  * ```
  */
@@ -175,6 +176,8 @@ export interface JobFilter extends AdminOptions {
   queue?: string;
   /** Only jobs enqueued at or after this time (`created_at >= since`). */
   since?: Date;
+  /** Only the steps of this flow (its id: the job id of its first step, `flowId`). */
+  flow?: string;
 }
 
 /** Options of {@linkcode listJobs}. */
@@ -209,7 +212,7 @@ const _summaryMatches: Same<JobSummary, FieldsOf<"summary">> = true;
  *
  * @example
  * ```ts ignore
- * import { listJobs } from "@akadze/akadze";
+ * import { listJobs } from "@akadze/akadze/admin";
  * const failed = await listJobs(app, { state: "failed", limit: 20 });
  * ```
  */
@@ -226,7 +229,7 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
   const rows = await explainMissingSchema(schema, () =>
     sql.unsafe(
       `select ${SUMMARY_COLUMNS} from ${s}.jobs j where ${FILTER}
-        order by ${LIST_ORDERS[order]} limit $5`,
+        order by ${LIST_ORDERS[order]} limit $6`,
       [...filterParams(options), limit],
     ));
   return rows.map(toSummary);
@@ -234,16 +237,18 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
 
 /**
  * The WHERE condition of a {@linkcode JobFilter} on `jobs j`: parameters $1 task, $2
- * state, $3 queue, $4 since (each null for no condition).
+ * state, $3 queue, $4 since, $5 flow (each null for no condition; the statements are
+ * planned with their values, so a flow reads the flow index).
  */
 const FILTER = `($1::text is null or j.task = $1) and ($2::text is null or j.state = $2)
-  and ($3::text is null or j.queue = $3) and ($4::timestamptz is null or j.created_at >= $4)`;
+  and ($3::text is null or j.queue = $3) and ($4::timestamptz is null or j.created_at >= $4)
+  and ($5::bigint is null or j.flow_id = $5::bigint)`;
 
-/** The four parameters of {@linkcode FILTER}, validated; `AkadzeError` when one is wrong. */
+/** The five parameters of {@linkcode FILTER}, validated; `AkadzeError` when one is wrong. */
 function filterParams(
   filter: JobFilter,
-): [string | null, string | null, string | null, Date | null] {
-  const { task, state, queue, since } = filter;
+): [string | null, string | null, string | null, Date | null, string | null] {
+  const { task, state, queue, since, flow } = filter;
   if (task !== undefined && !isTaskFilter(task)) {
     throw new AkadzeError(
       `task must be a task name of 1 to ${TASK_NAME_MAX} characters, got ${JSON.stringify(task)}`,
@@ -256,7 +261,18 @@ function filterParams(
   if (since !== undefined && (!(since instanceof Date) || Number.isNaN(since.getTime()))) {
     throw new AkadzeError("since must be a valid Date");
   }
-  return [task ?? null, state ?? null, queue ?? null, since ?? null];
+  if (flow !== undefined && !isFlowId(flow)) {
+    throw new AkadzeError(
+      `flow must be a flow id (the job id of its first step), got ${JSON.stringify(flow)}`,
+    );
+  }
+  return [task ?? null, state ?? null, queue ?? null, since ?? null, flow ?? null];
+}
+
+/** Whether `flow` is a flow id (a job id, as decimal text). */
+function isFlowId(flow: unknown): flow is string {
+  return typeof flow === "string" && /^[1-9]\d{0,18}$/.test(flow) &&
+    BigInt(flow) <= 9223372036854775807n;
 }
 
 /**
@@ -287,14 +303,16 @@ export interface BulkOptions {
 /**
  * Put every `failed` job matching `filter` back to `queued`, in the caller's transaction,
  * each as {@linkcode requeue} does it (attempts, errors and arguments kept, one more attempt
- * when the budget was spent). A `state` other than `failed` is an `AkadzeError`. A job whose
- * `uniqueKey` is held by a queued or running job stays failed and is reported in
- * `skipped` (of several matching jobs with one key, the newest is requeued): one conflict
- * does not stop the others. An empty filter takes every failed job.
+ * when the budget was spent). With `flow`, the failed steps of that flow: the steps their
+ * failure cancelled wait again, and run when they succeed. A `state` other than `failed`
+ * is an `AkadzeError`. A job whose `uniqueKey` is held by a waiting, queued or running job
+ * stays failed and is reported in `skipped` (of several matching jobs with one key, the
+ * newest is requeued): one conflict does not stop the others. An empty filter takes every
+ * failed job.
  *
  * @example
  * ```ts ignore
- * import { requeueJobs } from "@akadze/akadze";
+ * import { requeueJobs } from "@akadze/akadze/admin";
  * const { requeued, skipped } = await app.sql.begin((tx) =>
  *   requeueJobs(tx, { task: "send-email", since: new Date(Date.now() - 3_600_000) })
  * );
@@ -335,7 +353,7 @@ export async function requeueJobs(
              from ranked r where j.id = r.id and not r.held
            returning j.queue),
          notified as (
-           select pg_notify($5, q.queue) from (select distinct queue from moved) q)
+           select pg_notify($6, q.queue) from (select distinct queue from moved) q)
          select r.id::text as id, r.held, (select count(*) from notified) as n from ranked r`,
         [...params, jobsChannel(schema)],
       );
@@ -356,16 +374,20 @@ export async function requeueJobs(
 }
 
 /**
- * Request the cancellation of every queued or running job matching `filter`, in the
- * caller's transaction, each as {@linkcode requestCancel} does it. Jobs whose cancel was
- * already requested are left as they are. A `state` other than `queued` or `running` is an
- * `AkadzeError`. Returns how many jobs were marked (with `dryRun`: would be). An empty
- * filter takes every queued and running job.
+ * Request the cancellation of every waiting, queued or running job matching `filter`, in
+ * the caller's transaction, each as {@linkcode requestCancel} does it: a waiting job is
+ * cancelled at once, a queued one by the next claim pass, a running one's signal is
+ * aborted. With `flow`, that cancels a whole flow: its dependents waiting for a running
+ * step are cancelled now, so nothing of the flow runs after its running steps. Jobs whose
+ * cancel was already requested are left as they are. A `state` that is not active
+ * (`waiting`, `queued`, `running`) is an `AkadzeError`. Returns how many jobs were marked
+ * (with `dryRun`: would be). An empty filter takes every active job.
  *
  * @example
  * ```ts ignore
- * import { cancelJobs } from "@akadze/akadze";
+ * import { cancelJobs } from "@akadze/akadze/admin";
  * const marked = await app.sql.begin((tx) => cancelJobs(tx, { queue: "reports" }));
+ * const steps = await app.sql.begin((tx) => cancelJobs(tx, { flow: "41" }));
  * ```
  */
 export async function cancelJobs(
@@ -393,7 +415,7 @@ export async function cancelJobs(
           `with marked as (
            update ${s}.jobs j set ${CANCEL_SET} where ${where}
            returning j.id, j.state),
-         notified as (select pg_notify($5, m.id::text) from marked m where m.state = 'running')
+         notified as (select pg_notify($6, m.id::text) from marked m where m.state = 'running')
          select (select count(*)::int from marked) as n,
                 (select count(*)::int from notified) as notified`,
           [...params, cancelChannel(schema)],
@@ -420,7 +442,38 @@ export interface JobDetail extends JobSummary {
   args?: Record<string, unknown>;
   /** The result (only with `includeResult`). */
   result?: unknown;
+  /**
+   * Every step of the job's flow (this job included), in dependency order (a step after
+   * the steps it depends on): only with `includeFlow`, and only for a job in a flow.
+   */
+  flow?: FlowStepSummary[];
 }
+
+/** One step of a flow, as {@linkcode getJob} lists them with `includeFlow`. */
+export interface FlowStepSummary {
+  /** Job id. */
+  id: string;
+  /** Its step name (null for a job that joined the flow without one). */
+  step: string | null;
+  /** Task name. */
+  task: string;
+  /** Queue. */
+  queue: string;
+  /** State. */
+  state: JobState;
+  /** Attempts spent. */
+  attempt: number;
+  /** Finished at. */
+  finishedAt: Date | null;
+  /**
+   * What it waits for, by job id (a step of this flow, or a job outside it), with what a
+   * failure of that dependency does to it.
+   */
+  dependsOn: { id: string; onFailure: "cancel" | "ignore" | "continue" }[];
+}
+
+/** `FlowStepSummary` has the fields of the `step` read plus its dependencies. */
+const _stepMatches: Same<Omit<FlowStepSummary, "dependsOn">, FieldsOf<"step">> = true;
 
 /** Options of {@linkcode getJob}. */
 export interface GetJobOptions extends AdminOptions {
@@ -428,6 +481,8 @@ export interface GetJobOptions extends AdminOptions {
   includeArgs?: boolean;
   /** Include the result. Default false. */
   includeResult?: boolean;
+  /** Include the steps of the job's flow ({@linkcode JobDetail.flow}). Default false. */
+  includeFlow?: boolean;
 }
 
 /**
@@ -435,7 +490,7 @@ export interface GetJobOptions extends AdminOptions {
  *
  * @example
  * ```ts ignore
- * import { getJob } from "@akadze/akadze";
+ * import { getJob } from "@akadze/akadze/admin";
  * const job = await getJob(app, "42");
  * console.log(job?.state, job?.errors.at(-1)?.message);
  * ```
@@ -447,8 +502,67 @@ export async function getJob(
 ): Promise<JobDetail | null> {
   const [sql, s, schema] = readTarget(db, options);
   const id = normalizeId(jobId);
-  const jobs = await explainMissingSchema(schema, () => readJobDetails(sql, s, [id], options));
-  return jobs.get(id) ?? null;
+  return await explainMissingSchema(schema, async () => {
+    const job = (await readJobDetails(sql, s, [id], options)).get(id) ?? null;
+    if (job !== null && options.includeFlow && job.flowId !== null) {
+      job.flow = await readFlowSteps(sql, s, job.flowId);
+    }
+    return job;
+  });
+}
+
+/** The select list of a {@linkcode FlowStepSummary} (the `step` read of job_columns.ts). */
+const STEP_COLUMNS = selectList("step");
+
+/** The steps of flow `flowId` in schema `s` (quoted), in dependency order. */
+async function readFlowSteps(sql: Sql, s: string, flowId: string): Promise<FlowStepSummary[]> {
+  const rows = await sql.unsafe(
+    `select ${STEP_COLUMNS},
+            coalesce((select json_agg(json_build_object('id', d.depends_on::text,
+                                                        'onFailure', d.on_failure)
+                                      order by d.depends_on)
+                        from ${s}.job_dependencies d where d.job_id = j.id), '[]') as depends_on
+       from ${s}.jobs j where j.flow_id = $1::bigint order by j.id`,
+    [flowId],
+  );
+  const steps = rows.map((r): FlowStepSummary => ({
+    ...fieldsOf("step", r),
+    dependsOn: r.depends_on as FlowStepSummary["dependsOn"],
+  }));
+  return dependencyOrder(steps);
+}
+
+/**
+ * `steps` (in id order) with each step after the steps of the flow it depends on: ids
+ * already are, except a running job's children, which wait for nothing and come before
+ * the job that waits for them (a stable sort: ready steps in id order).
+ */
+function dependencyOrder(steps: FlowStepSummary[]): FlowStepSummary[] {
+  const byId = new Map(steps.map((step) => [step.id, step]));
+  const pending = new Map<string, number>();
+  const dependents = new Map<string, string[]>();
+  for (const step of steps) {
+    const inFlow = step.dependsOn.filter((d) => byId.has(d.id));
+    pending.set(step.id, inFlow.length);
+    for (const d of inFlow) dependents.set(d.id, [...dependents.get(d.id) ?? [], step.id]);
+  }
+  const out: FlowStepSummary[] = [];
+  const done = new Set<string>();
+  // Repeated passes in id order: each takes the steps whose dependencies are all out.
+  while (out.length < steps.length) {
+    const before = out.length;
+    for (const step of steps) {
+      if (done.has(step.id) || pending.get(step.id)! > 0) continue;
+      done.add(step.id);
+      out.push(step);
+      for (const next of dependents.get(step.id) ?? []) {
+        pending.set(next, pending.get(next)! - 1);
+      }
+    }
+    // A cycle cannot be enqueued; were one there, its steps follow in id order.
+    if (out.length === before) out.push(...steps.filter((step) => !done.has(step.id)));
+  }
+  return out;
 }
 
 /**

@@ -26,7 +26,7 @@ export interface LimitOptions {
  *
  * @example
  * ```ts ignore
- * import { setLimit } from "@akadze/akadze";
+ * import { setLimit } from "@akadze/akadze/admin";
  * await setLimit(app.sql, "smtp", { maxRunning: 5, maxStarts: 100, window: 60_000 });
  * ```
  */
@@ -99,7 +99,7 @@ export async function setLimit(
  *
  * @example
  * ```ts ignore
- * import { clearLimit } from "@akadze/akadze";
+ * import { clearLimit } from "@akadze/akadze/admin";
  * await clearLimit(app.sql, "smtp");
  * ```
  */
@@ -152,7 +152,7 @@ function limitColumns(s: string): string {
  *
  * @example
  * ```ts ignore
- * import { listLimits } from "@akadze/akadze";
+ * import { listLimits } from "@akadze/akadze/admin";
  * console.table(await listLimits(app));
  * ```
  */

@@ -5,7 +5,7 @@
  */
 import { explainMissingSchema, quoteSchema } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
-import { countOldJobsStatement, deleteOldJobsStatement } from "../old_jobs.ts";
+import { countOldJobsStatement, pruneStatements } from "../old_jobs.ts";
 import type { AdminOptions, Session } from "./database.ts";
 
 /** Options of {@linkcode pruneJobs}. */
@@ -22,7 +22,9 @@ export interface PruneJobsOptions extends AdminOptions {
 
 /**
  * Delete terminal jobs finished more than `olderThan` ago: `succeeded` and `cancelled`
- * ones, and `failed` ones only with `includeFailed` (they are what `requeue` needs). Runs
+ * ones, and `failed` ones only with `includeFailed` (they are what `requeue` needs). A flow
+ * is deleted as a whole, once every job of it can be; a job that a waiting, queued or
+ * running job depends on is kept. Runs
  * bounded DELETE statements of `batchSize` rows until none are left (each its own
  * transaction on a pool, or all in the caller's transaction when `session` is one), and
  * skips rows another session holds locked (e.g. a worker's pruner). Returns how many jobs
@@ -32,7 +34,7 @@ export interface PruneJobsOptions extends AdminOptions {
  *
  * @example
  * ```ts ignore
- * import { pruneJobs } from "@akadze/akadze";
+ * import { pruneJobs } from "@akadze/akadze/admin";
  * const deleted = await pruneJobs(app.sql, { olderThan: 86_400_000, includeFailed: true });
  * console.log(`deleted ${deleted} jobs`);
  * ```
@@ -64,12 +66,17 @@ export async function pruneJobs(
       const [row] = await session.unsafe(countOldJobsStatement(s, includeFailed), [olderThan]);
       return Number(row.n);
     }
-    const statement = deleteOldJobsStatement(s, includeFailed);
+    const { plain, linked } = pruneStatements(s, includeFailed);
     let total = 0;
     for (;;) {
-      const { count } = await session.unsafe(statement, [olderThan, batchSize]);
+      const { count } = await session.unsafe(plain, [olderThan, batchSize]);
       total += count;
-      if (count < batchSize) return total;
+      if (count < batchSize) break;
+    }
+    for (;;) {
+      const [{ n }] = await session.unsafe(linked, [olderThan, batchSize]);
+      total += n;
+      if (n < batchSize) return total;
     }
   });
 }

@@ -9,7 +9,7 @@
 import { explainMissingSchema, jobsChannel, quoteSchema, type TransactionSql } from "../db.ts";
 import { JOB_STATES, type JobState } from "../job.ts";
 import { checkQueueName } from "../rules.ts";
-import { readyCondition } from "../worker/claim_rule.ts";
+import { readyCondition } from "../ready_rule.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
 
 /**
@@ -18,7 +18,7 @@ import { type AdminOptions, type Database, readTarget, type Session } from "./da
  *
  * @example
  * ```ts ignore
- * import { pauseQueue } from "@akadze/akadze";
+ * import { pauseQueue } from "@akadze/akadze/admin";
  * await pauseQueue(app.sql, "mail");
  * ```
  */
@@ -45,7 +45,7 @@ export async function pauseQueue(
  *
  * @example
  * ```ts ignore
- * import { queueKnown } from "@akadze/akadze";
+ * import { queueKnown } from "@akadze/akadze/admin";
  * if (!await queueKnown(app.sql, "mail")) console.warn("no job or worker uses queue mail");
  * ```
  */
@@ -73,7 +73,7 @@ export async function queueKnown(
  *
  * @example
  * ```ts ignore
- * import { resumeQueue } from "@akadze/akadze";
+ * import { resumeQueue } from "@akadze/akadze/admin";
  * await resumeQueue(app.sql, "mail");
  * ```
  */
@@ -141,7 +141,7 @@ export async function readReadyJobs(
     `select queue, count(*)::bigint as ready,
             greatest(extract(epoch from now() - min(run_at)), 0)::float8 as lag
        from ${s}.jobs c
-      where ${readyCondition("c.queue")}
+      where ${readyCondition()}
         and ($1::text[] is null or queue = any($1::text[]))
       group by queue order by queue`,
     [queues as never],
@@ -177,7 +177,7 @@ export interface QueueSnapshot {
  *
  * @example
  * ```ts ignore
- * import { queueSnapshot } from "@akadze/akadze";
+ * import { queueSnapshot } from "@akadze/akadze/admin";
  * for (const q of await queueSnapshot(app)) console.log(q.queue, q.lagSeconds);
  * ```
  */
@@ -270,7 +270,7 @@ export interface QueueSummary {
  *
  * @example
  * ```ts ignore
- * import { listQueues } from "@akadze/akadze";
+ * import { listQueues } from "@akadze/akadze/admin";
  * console.table(await listQueues(app));
  * ```
  */

@@ -33,7 +33,7 @@ export interface WorkerSummary {
  *
  * @example
  * ```ts ignore
- * import { listWorkers } from "@akadze/akadze";
+ * import { listWorkers } from "@akadze/akadze/admin";
  * console.table(await listWorkers(app));
  * ```
  */

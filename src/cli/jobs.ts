@@ -5,12 +5,14 @@
  */
 import {
   cancelJobs,
+  type FlowStepSummary,
   getJob,
   isTaskFilter,
   type JobDetail,
   type JobFilter,
   type JobSummary,
   listJobs,
+  normalizeId,
   requestCancel,
   requeue,
   requeueJobs,
@@ -39,18 +41,21 @@ import {
   safeText,
 } from "./output.ts";
 
+/** How many steps of a flow `jobs show` prints at most (`jobs list --flow` has them all). */
+const FLOW_LINES_MAX = 200;
+
 /** Help text of `akadze jobs`. */
 export const JOBS_HELP = `Usage: akadze jobs <command> [options]
 
 Commands:
-  list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N] [--newest] [--json]
-                       job summaries, in the order the queue runs them
+  list [--task T] [--state S] [--queue Q] [--since WHEN] [--flow ID] [--limit N] [--newest]
+       [--json]        job summaries, in the order the queue runs them
   show ID [--args] [--result] [--json]
-                       one job with its error history and stacks
-  requeue ID | requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--dry-run]
-                       put failed jobs back to queued (one more attempt)
-  cancel ID | cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--dry-run]
-                       request the cancellation of waiting, queued or running jobs
+                       one job with its error history and stacks, and its flow's steps
+  requeue ID | requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--flow ID]
+       [--dry-run]     put failed jobs back to queued (one more attempt)
+  cancel ID | cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--flow ID]
+       [--dry-run]     cancel waiting jobs, request the cancellation of queued or running ones
 
 Run akadze jobs <command> --help for a command's options.`;
 
@@ -62,11 +67,13 @@ function filterHelp(states: string): string {
   --since WHEN    only jobs enqueued at or after WHEN: a duration back from now (a whole
                   number with s, m, h or d: 30s, 15m, 2h, 3d, by this machine's clock) or
                   an ISO 8601 time (2026-12-01, 2026-12-01T09:30, 2026-12-01T09:30:00+02:00;
-                  without an offset it is UTC)`;
+                  without an offset it is UTC)
+  --flow ID       only the steps of the flow ID (a flow's id is the job id of its first
+                  step: the flowId of jobs show)`;
 }
 
 const LIST_HELP = `Usage: akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN]
-                        [--limit N] [--newest] [--json]
+                        [--flow ID] [--limit N] [--newest] [--json]
 
 Job summaries (no arguments, result or errors), in the order the queue runs them: by
 priority (highest first), then run_at, then id. With --newest, the most recently enqueued
@@ -78,7 +85,8 @@ ${filterHelp(JOB_STATES.join(", "))}
   --newest        the most recently enqueued first instead
   --json          a JSON array of objects with the keys id, task, queue, state, priority,
                   attempt, maxAttempts, runCount, runAt, createdAt, startedAt, finishedAt,
-                  workerId, uniqueKey, limitKey, expiresAt, cancelRequested
+                  workerId, uniqueKey, limitKey, expiresAt, cancelRequested, flowId,
+                  step
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
@@ -91,33 +99,42 @@ ${DATABASE_FOOTER}`;
 const SHOW_HELP = `Usage: akadze jobs show ID [--args] [--result] [--json]
 
 One job with its error history (oldest first), each error with the stack it was thrown
-from. Arguments and result are printed only when asked for; without --args, argument
-values quoted in the errors show as ***.
+from, and, for a job in a flow, every step of its flow. Arguments and result are printed
+only when asked for; without --args, argument values quoted in the errors show as ***.
 
 Options:
   --args          include the arguments
   --result        include the result
   --json          a JSON object: the keys of jobs list --json plus snoozes, progress,
                   errors ([{error, message, at, stack}]; stack is absent when there is
-                  none),
-                  and args / result when asked for
+                  none), args / result when asked for, and for a job in a flow, flow:
+                  its steps in dependency order ([{id, step, task, queue, state,
+                  attempt, finishedAt, dependsOn: [{id, onFailure}]}])
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
 Output: "key: value" lines (id, task, queue, state, priority, attempt, maxAttempts,
 runCount, runAt, createdAt, startedAt, finishedAt, workerId, uniqueKey, limitKey,
-expiresAt, cancelRequested, snoozes, progress: JSON, errors: COUNT), then "error: AT NAME: MESSAGE" per
-error, followed by its stack frames, one "  at ..." line each; then "args: JSON" and
-"result: JSON" when asked for. "-" stands for none; times are ISO 8601 in UTC.
+expiresAt, cancelRequested, flowId, step, snoozes, progress: JSON, errors: COUNT), then
+"error: AT NAME: MESSAGE" per error, followed by its stack frames, one "  at ..." line
+each. For a job in a flow, then "flow: ID (N steps: COUNT STATE, ...)" and one line per
+step, "STEP  job ID  TASK  STATE", indented under the step it waits for (the last one, when
+it waits for several: "after: A, B" names them all; "(this job)" marks the job shown);
+at most ${FLOW_LINES_MAX} steps, then how many more (jobs list --flow ID lists them all). Then
+"args: JSON" and "result: JSON" when asked for. "-" stands for none; times are ISO 8601 in
+UTC.
 
 Exit codes: 0 shown, 1 job not found or database failure, 2 usage error.`;
 
 const REQUEUE_HELP = `Usage: akadze jobs requeue ID
-       akadze jobs requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--dry-run]
+       akadze jobs requeue [--task T] [--state failed] [--queue Q] [--since WHEN] [--flow ID]
+                           [--dry-run]
 
 Put a failed job back to queued, or every failed job that matches the filters (at least
 one is needed). A job keeps its attempt count, errors and arguments; its attempt budget
 is raised by one when it was spent. Prints "requeued job ID", or "requeued N jobs".
+The steps of a flow that a requeued step's failure cancelled wait again, and run when it
+succeeds: --flow ID requeues a flow's failed steps and so resumes the flow.
 
 A matching job whose uniqueKey is held by a queued or running job (or by a newer
 matching job, which is requeued instead) stays failed: each one is reported as "skipped
@@ -134,12 +151,14 @@ another job with its uniqueKey is queued or running (DuplicateJob), or a databas
 failure; 2 usage error.`;
 
 const CANCEL_HELP = `Usage: akadze jobs cancel ID
-       akadze jobs cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--dry-run]
+       akadze jobs cancel [--task T] [--state S] [--queue Q] [--since WHEN] [--flow ID]
+                          [--dry-run]
 
-Request the cancellation of a waiting, queued or running job, or of every such job
-that matches the filters (at least one is needed): a waiting job (of a flow) is cancelled
-at once, with its dependents by their failure policy; a queued job is cancelled by the next
-claim pass; a running one is stopped by its worker and ends cancelled.
+Cancel a waiting, queued or running job, or every such job that matches the filters (at
+least one is needed): a waiting job (a step of a flow) is cancelled at once, a queued job
+by the next claim pass, a running one is stopped by its worker and ends cancelled. The
+steps that wait for a cancelled one are cancelled too, unless they ignore its failure:
+--flow ID cancels a whole flow.
 
 With ID it prints "cancel requested for job ID"; for a job that is already finished or
 does not exist nothing changes: it prints "nothing cancelled: job ID is STATE" or
@@ -148,7 +167,7 @@ filters it prints "cancel requested for N jobs" (jobs whose cancel was already r
 are not counted again).
 
 Options:
-${filterHelp("waiting, queued or running")}
+${filterHelp(ACTIVE_STATES.join(", "))}
   --dry-run       print "would request the cancellation of N jobs", change nothing
 ${SCHEMA_OPTION}
   -h, --help      show this help
@@ -199,6 +218,8 @@ function summaryJson(j: JobSummary): Record<string, unknown> {
     limitKey: j.limitKey,
     expiresAt: isoTime(j.expiresAt),
     cancelRequested: j.cancelRequested,
+    flowId: j.flowId,
+    step: j.step,
   };
 }
 
@@ -208,14 +229,15 @@ const FILTER_FLAGS = {
   state: { type: "string" },
   queue: { type: "string" },
   since: { type: "string" },
+  flow: { type: "string" },
 } as const;
 
 /**
- * The filter of `--task`, `--state` (one of `states`), `--queue` and `--since`, or null
- * when none was given.
+ * The filter of `--task`, `--state` (one of `states`), `--queue`, `--since` and `--flow`,
+ * or null when none was given.
  */
 function filterFlags(
-  values: { task?: string; state?: string; queue?: string; since?: string },
+  values: { task?: string; state?: string; queue?: string; since?: string; flow?: string },
   states: readonly string[],
   schema: string,
 ): JobFilter | null {
@@ -234,7 +256,19 @@ function filterFlags(
   }
   if (values.queue !== undefined) filter.queue = queueArg(values.queue, "--queue");
   if (values.since !== undefined) filter.since = sinceFlag(values.since);
+  if (values.flow !== undefined) filter.flow = flowArg(values.flow);
   return Object.keys(filter).length > 1 ? filter : null;
+}
+
+/** `--flow`: a flow id, which is a job id. */
+function flowArg(text: string): string {
+  try {
+    return normalizeId(text);
+  } catch {
+    throw new UsageError(
+      `--flow must be a flow id (the job id of the flow's first step), got "${text}"`,
+    );
+  }
 }
 
 function orList(items: readonly string[]): string {
@@ -278,8 +312,8 @@ async function listCommand(args: string[]): Promise<number> {
   }, {
     help: LIST_HELP,
     positionals: [],
-    usage:
-      "akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN] [--limit N] [--newest]",
+    usage: "akadze jobs list [--task T] [--state S] [--queue Q] [--since WHEN] [--flow ID] " +
+      "[--limit N] [--newest]",
   });
   if (!parsed) return 0;
   const { values, schema } = parsed;
@@ -311,7 +345,7 @@ async function showCommand(args: string[]): Promise<number> {
   // The arguments are always read: without --args, their values are hidden in the errors
   // too (an error stored by an older akadze, or by a task, may quote them).
   const job = await withSql((sql) =>
-    getJob(sql, id, { schema, includeArgs: true, includeResult: values.result })
+    getJob(sql, id, { schema, includeArgs: true, includeResult: values.result, includeFlow: true })
   );
   if (!job) throw new Error(`job ${id} not found`);
   if (!values.args) {
@@ -340,9 +374,62 @@ async function showCommand(args: string[]): Promise<number> {
       if (frame.trim() !== "") console.log(safeText(`  ${oneLine(frame)}`));
     }
   }
+  if (job.flow) { for (const line of flowLines(job.flowId!, job.flow, job.id)) console.log(line); }
   if (values.args) console.log(`args: ${safeJson(job.args ?? null)}`);
   if (values.result) console.log(`result: ${safeJson(job.result ?? null)}`);
   return 0;
+}
+
+/**
+ * A flow as lines of text: a header with the count of steps per state, then each step once,
+ * indented under the step of the flow it waits for (the one that comes last, when it waits
+ * for several, with "after:" naming them all), in dependency order otherwise.
+ */
+function flowLines(
+  flowId: string,
+  steps: readonly FlowStepSummary[],
+  shown: string,
+): string[] {
+  const byId = new Map(steps.map((s) => [s.id, s]));
+  const rank = new Map(steps.map((s, i) => [s.id, i]));
+  const name = (id: string) => {
+    const step = byId.get(id);
+    return step?.step != null ? step.step : `job ${id}`;
+  };
+  const children = new Map<string, FlowStepSummary[]>();
+  const roots: FlowStepSummary[] = [];
+  for (const step of steps) {
+    const parents = step.dependsOn.filter((d) => rank.has(d.id));
+    if (parents.length === 0) {
+      roots.push(step);
+      continue;
+    }
+    const last = parents.reduce((a, b) => rank.get(b.id)! > rank.get(a.id)! ? b : a);
+    children.set(last.id, [...children.get(last.id) ?? [], step]);
+  }
+  const counts = JOB_STATES.map((state) => [state, steps.filter((s) => s.state === state).length])
+    .filter(([, n]) => n !== 0).map(([state, n]) => `${n} ${state}`);
+  const lines = [`flow: ${flowId} (${steps.length} steps: ${counts.join(", ")})`];
+  const visit = (step: FlowStepSummary, depth: number) => {
+    if (lines.length > FLOW_LINES_MAX) return;
+    const after = step.dependsOn.length > 1 || step.dependsOn.some((d) => !rank.has(d.id))
+      ? `  after: ${step.dependsOn.map((d) => name(d.id)).join(", ")}`
+      : "";
+    const mark = step.id === shown ? "  (this job)" : "";
+    lines.push(safeText(
+      `${"  ".repeat(depth + 1)}${oneLine(name(step.id))}  job ${step.id}  ${step.task}  ` +
+        `${step.state}${after}${mark}`,
+    ));
+    for (const child of children.get(step.id) ?? []) visit(child, depth + 1);
+  };
+  for (const root of roots) visit(root, 0);
+  if (lines.length > FLOW_LINES_MAX + 1) {
+    lines.length = FLOW_LINES_MAX + 1;
+    lines.push(
+      `  ... ${steps.length - FLOW_LINES_MAX} more steps: akadze jobs list --flow ${flowId}`,
+    );
+  }
+  return lines;
 }
 
 function detailJson(job: JobDetail, args: boolean, result: boolean): Record<string, unknown> {
@@ -359,6 +446,9 @@ function detailJson(job: JobDetail, args: boolean, result: boolean): Record<stri
   };
   if (args) out.args = job.args ?? null;
   if (result) out.result = job.result ?? null;
+  if (job.flow) {
+    out.flow = job.flow.map((s) => ({ ...s, finishedAt: isoTime(s.finishedAt) }));
+  }
   return out;
 }
 
@@ -391,7 +481,7 @@ function targetArgs(
   }
   if (filter === null) {
     throw new UsageError(
-      `missing ID or a filter (--task, --state, --queue or --since): ${usage}`,
+      `missing ID or a filter (--task, --state, --queue, --since or --flow): ${usage}`,
     );
   }
   return { filter, dryRun: !!values["dry-run"] };

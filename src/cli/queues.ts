@@ -19,6 +19,7 @@ import {
   withSql,
 } from "./ops.ts";
 import { type Column, printJson, printTable } from "./output.ts";
+import { JOB_STATES, type JobState } from "../job.ts";
 
 /** Help text of `akadze queues`. */
 export const QUEUES_HELP = `Usage: akadze queues <command> [options]
@@ -30,20 +31,35 @@ Commands:
 
 Run akadze queues <command> --help for a command's options.`;
 
+/**
+ * The counts of a queue, by key: one per job state, in lifecycle order, with the ready
+ * jobs after the queued ones (they are some of them).
+ */
+const COUNT_KEYS: readonly ("ready" | JobState)[] = JOB_STATES.flatMap((state) =>
+  state === "queued" ? [state, "ready" as const] : [state]
+);
+
+function count(q: QueueSnapshot, key: "ready" | JobState): number {
+  return key === "ready" ? q.ready : q.counts[key];
+}
+
 const LIST_HELP = `Usage: akadze queues list [--json]
 
 Every queue that has jobs or a pause, by name, with its counts from one consistent
-snapshot. READY counts queued jobs whose run_at has passed; LAG_SECONDS is how long the
-oldest ready job has waited (0 when none).
+snapshot. WAITING counts the steps of flows waiting for their dependencies; READY counts
+queued jobs whose run_at has passed; LAG_SECONDS is how long the oldest ready job has
+waited (0 when none).
 
 Options:
-  --json          a JSON array of objects with the keys queue, paused, queued, ready,
-                  running, succeeded, failed, cancelled, lagSeconds
+  --json          a JSON array of objects with the keys queue, paused, ${
+  COUNT_KEYS.slice(0, 3).join(", ")
+},
+                  ${COUNT_KEYS.slice(3).join(", ")}, lagSeconds
 ${SCHEMA_OPTION}
   -h, --help      show this help
 
 Output: a header line, then one line per queue; columns separated by a tab:
-  QUEUE PAUSED QUEUED READY RUNNING SUCCEEDED FAILED CANCELLED LAG_SECONDS
+  QUEUE PAUSED ${COUNT_KEYS.map((key) => key.toUpperCase()).join(" ")} LAG_SECONDS
 
 ${DATABASE_FOOTER}`;
 
@@ -85,12 +101,10 @@ const round = (seconds: number) => Math.round(seconds * 1000) / 1000;
 const COLUMNS: Column<QueueSnapshot>[] = [
   { header: "QUEUE", value: (q) => q.queue },
   { header: "PAUSED", value: (q) => q.paused },
-  { header: "QUEUED", value: (q) => q.counts.queued },
-  { header: "READY", value: (q) => q.ready },
-  { header: "RUNNING", value: (q) => q.counts.running },
-  { header: "SUCCEEDED", value: (q) => q.counts.succeeded },
-  { header: "FAILED", value: (q) => q.counts.failed },
-  { header: "CANCELLED", value: (q) => q.counts.cancelled },
+  ...COUNT_KEYS.map((key) => ({
+    header: key.toUpperCase(),
+    value: (q: QueueSnapshot) => count(q, key),
+  })),
   { header: "LAG_SECONDS", value: (q) => round(q.lagSeconds) },
 ];
 
@@ -109,12 +123,7 @@ async function listCommand(args: string[]): Promise<number> {
     printJson(queues.map((q) => ({
       queue: q.queue,
       paused: q.paused,
-      queued: q.counts.queued,
-      ready: q.ready,
-      running: q.counts.running,
-      succeeded: q.counts.succeeded,
-      failed: q.counts.failed,
-      cancelled: q.counts.cancelled,
+      ...Object.fromEntries(COUNT_KEYS.map((key) => [key, count(q, key)])),
       lagSeconds: round(q.lagSeconds),
     })));
   } else {

@@ -61,6 +61,11 @@ export interface BatchCompleterConfig {
   onUnwritten?: (jobId: string) => void;
   /** Called when a job's outcome is written, discarded or left to the lease. */
   onSettled?: (jobId: string) => void;
+  /**
+   * Called after a write that ended runs of jobs with a limit key, with their queues: each
+   * freed a place under its key's `maxRunning`, which a claim may take now.
+   */
+  onLimitFreed?: (queues: string[]) => void;
   /** Outcomes per statement at most. Default {@linkcode OUTCOME_BATCH_DEFAULT}. */
   batchSize?: number;
   /** Wait before rewriting a rolled-back outcome. Default {@linkcode ROLLED_BACK_RETRY_DEFAULT}. */
@@ -83,10 +88,16 @@ export interface BatchCounts {
   split: number;
 }
 
+/** A finished run's job, as the writes need it: for the log, and its limit key. */
+export interface CompletedJob extends LoggedJob {
+  /** The job's limit key, if any. */
+  limit_key?: string | null;
+}
+
 interface Pending {
   outcome: Outcome;
   /** For the log lines and metrics (absent for an orphan release). */
-  job?: LoggedJob;
+  job?: CompletedJob;
   /** Called once the outcome is written, discarded or left to the lease. */
   done: () => void;
 }
@@ -96,8 +107,9 @@ export class BatchCompleter {
   /** The single-statement writer on the pool (also `ctx.completeTx`'s). */
   readonly writer: Completer;
   #final: Completer;
-  #config: Required<Omit<BatchCompleterConfig, "finalSql" | "metrics">> & {
+  #config: Required<Omit<BatchCompleterConfig, "finalSql" | "metrics" | "onLimitFreed">> & {
     metrics?: WorkerMetrics;
+    onLimitFreed?: (queues: string[]) => void;
   };
   #writeFinal = false;
   #pending: Pending[] = [];
@@ -132,6 +144,7 @@ export class BatchCompleter {
       metrics: config.metrics,
       onSettled: config.onSettled ?? (() => {}),
       onUnwritten: config.onUnwritten ?? (() => {}),
+      onLimitFreed: config.onLimitFreed,
       batchSize,
       rolledBackRetry,
     };
@@ -148,7 +161,7 @@ export class BatchCompleter {
   }
 
   /** Queue a run's outcome; it is written with the others that settle in the same turn. */
-  complete(outcome: Outcome, job: LoggedJob): void {
+  complete(outcome: Outcome, job: CompletedJob): void {
     this.#unwritten.add(outcome.id);
     this.#push({ outcome, job, done: () => this.#settled(outcome.id) });
   }
@@ -157,8 +170,9 @@ export class BatchCompleter {
    * Log and count a success that `ctx.completeTx` wrote in its own transaction, as an
    * outcome written here is: every outcome, however written, is logged and counted once.
    */
-  completedInTx(id: string, job: LoggedJob): void {
+  completedInTx(id: string, job: CompletedJob): void {
     this.#record({ id, state: "succeeded", attempt: job.attempt }, infoEnabled(), undefined, job);
+    if (job.limit_key != null) this.#config.onLimitFreed?.([job.queue]);
   }
 
   /** The log line and the metrics of one written outcome. */
@@ -284,12 +298,15 @@ export class BatchCompleter {
     }
     const byId = new Map(batch.map((p) => [p.outcome.id, p]));
     const log = infoEnabled();
+    let freed: Set<string> | null = null;
     for (const row of result.written) {
       const p = byId.get(row.id);
       this.#record(row, log, p?.outcome, p?.job);
       this.#counts.written++;
+      if (p?.job?.limit_key != null) (freed ??= new Set()).add(p.job.queue);
       p?.done();
     }
+    if (freed) this.#config.onLimitFreed?.([...freed]);
     for (const outcome of result.stale) {
       logOutcomeDiscarded(outcome);
       this.#counts.discarded++;

@@ -1,35 +1,14 @@
 /**
- * The claim's rule, shared by every claim path of claimer.ts: which jobs are ready, the
- * order they are claimed in, what the claim writes to a claimed job and what it returns
- * (from job_columns.ts). The `claim_one` and `claim_one_floor` functions (migrations 0001
- * and 0004) repeat it in SQL, so that their plans are kept per connection;
- * tests/job_columns_test.ts reads their bodies from the database and checks each part below
- * stands in them.
+ * The claim's rule, shared by every claim path of claimer.ts: of the ready jobs
+ * (ready_rule.ts), which the plain claim may take, the order they are claimed in, what the
+ * claim writes to a claimed job and what it returns (from job_columns.ts). The `claim_one`
+ * and `claim_one_floor` functions (migrations 0001 and 0004) repeat it in SQL, so that their
+ * plans are kept per connection; tests/job_columns_test.ts reads their bodies from the
+ * database and checks each part below stands in them.
  *
  * @module
  */
 import { selectList } from "../job_columns.ts";
-
-/**
- * The conditions of a ready job (alias `c`) in queue `queue`, one predicate each: queued,
- * its run_at passed, no cancel request, not expired. Pauses are checked per queue by the
- * claims, not per row: a per-row subplan raises the plan's cost estimate past PostgreSQL's
- * jit_above_cost, and JIT compiling every claim costs ~45 ms.
- */
-export function readyPredicates(queue: string): string[] {
-  return [
-    "c.state = 'queued'",
-    `c.queue = ${queue}`,
-    "c.run_at <= now()",
-    "c.cancel_requested_at is null",
-    "(c.expires_at is null or c.expires_at > now())",
-  ];
-}
-
-/** {@linkcode readyPredicates} as one condition. */
-export function readyCondition(queue: string): string {
-  return readyPredicates(queue).join(" and ");
-}
 
 /**
  * The condition of a job (alias `c`) that the plain claim may take: no limit key, or one

@@ -13,19 +13,17 @@
 import { PREPARED, quoteSchema, type Sql, type TransactionSql } from "../db.ts";
 import type { OnTransitionHook } from "../job.ts";
 import { decodeClaimed } from "../job_columns.ts";
-import {
-  claimOrder,
-  claimReturning,
-  claimSet,
-  noLimitPredicate,
-  readyCondition,
-} from "./claim_rule.ts";
+import { claimOrder, claimReturning, claimSet, noLimitPredicate } from "./claim_rule.ts";
+import { readyCondition } from "../ready_rule.ts";
 import { type JobRow, transitionOneByOne } from "./job_row.ts";
+import type { TraceContext } from "../tracing.ts";
 
 /** A claimed job: its row and its stored arguments. */
 export interface ClaimedJob extends JobRow {
   /** The stored arguments. */
   args: unknown;
+  /** The enqueue's trace context: read after the claim, only when tracing is on (tracing.ts). */
+  trace_context?: TraceContext;
 }
 
 /** Free slots of one queue. */
@@ -89,6 +87,13 @@ function fullClaimInterval(durationMs: number): number {
     Math.max(FULL_CLAIM_EVERY, FULL_CLAIM_COST_FACTOR * durationMs),
   );
 }
+/**
+ * How many distinct keys of queued jobs the check for a key with room looks at before it asks
+ * the limits rows instead (see `anyKeyStatement`).
+ */
+const KEY_WALK = 100;
+/** The row locks of the limit keys statement (left out where it only checks). */
+const KEYS_LOCK = "for update of l skip locked";
 /** Above this many known priority levels in a queue, the one-queue claim scans the whole queue. */
 const MAX_LEVELS = 16;
 
@@ -103,6 +108,7 @@ export class Claimer {
     hasLimits: string;
     keys: string;
     anyKey: string;
+    anyKeyByLimits: string;
     limited: string;
   };
   #limitsCheckedAt = -Infinity;
@@ -127,8 +133,9 @@ export class Claimer {
       claimOneFloor: `select * from ${s}.claim_one_floor($1, $2, $3, $4, $5, $6, $7)`,
       claim: claimStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
-      keys: limitKeysStatement(s, true),
-      anyKey: limitKeysStatement(s, false),
+      keys: limitKeysStatement(s),
+      anyKey: anyKeyStatement(s),
+      anyKeyByLimits: limitKeysStatement(s).replace(KEYS_LOCK, ""),
       limited: limitedClaimStatement(s),
     };
   }
@@ -140,6 +147,14 @@ export class Claimer {
   async claim(requests: readonly ClaimRequest[], total: number, offset = 0): Promise<ClaimResult> {
     if (await this.#limitsMayApply()) return await this.#claimLimited(requests, total, offset);
     return await this.#claimUnlimited(requests, total, offset);
+  }
+
+  /**
+   * A run of a job with a limit key ended and its outcome is written: its key may have room
+   * again, so the next claim looks for keys at once.
+   */
+  limitFreed(): void {
+    this.#keysFound = true;
   }
 
   /** The claim of jobs without a limits row. */
@@ -258,8 +273,11 @@ export class Claimer {
       // The last pass found no key with room and a ready job (limits exist, but their jobs
       // are done or at their limit): while that stays so, claim as without limits, sparing
       // the transaction and its round trips.
-      const any = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, 1, []]);
-      if (any.length === 0) return await this.#claimUnlimited(requests, total, offset);
+      const [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
+      const none = walk.key === null && (walk.complete ||
+        (await this.#sql.unsafe(this.#statements.anyKeyByLimits, [queues, tasks, 1, []]))
+            .length === 0);
+      if (none) return await this.#claimUnlimited(requests, total, offset);
     }
     const run = async (
       tx: TransactionSql,
@@ -409,7 +427,45 @@ function room(s: string): string {
 }
 
 /**
- * Pick and lock (with `lock`) the limit keys to serve: $1 queues, $2 tasks, $3 how many, $4
+ * Whether some limit key has room and a ready job, found from the keys of queued jobs: $1
+ * queues, $2 tasks, $3 excluded ids. Returns `key`, one such key or null, and `complete`,
+ * whether the queued jobs have at most KEY_WALK distinct keys, all of which were looked at
+ * (each found by one descent of `jobs_queued_key_idx`). With thousands of limits rows and
+ * few keys queued this reads a few index pages, where a pass over the limits rows (the
+ * claim's own way, {@linkcode limitKeysStatement}) took tens of milliseconds on every claim
+ * and held the jobs without a key back; when `key` is null and the walk is not complete, the
+ * caller asks that way instead.
+ */
+function anyKeyStatement(s: string): string {
+  const keyed = `c.state = 'queued' and c.limit_key is not null`;
+  return `
+    with recursive queued_keys(key, depth) as (
+      (select min(c.limit_key)::text, 1 from ${s}.jobs c where ${keyed})
+      union all
+      select (select min(c.limit_key)::text from ${s}.jobs c
+               where ${keyed} and c.limit_key > q.key), q.depth + 1
+        from queued_keys q where q.key is not null and q.depth <= ${KEY_WALK}
+    )
+    select exists (select 1 from queued_keys where key is null) as complete,
+      (select q.key from queued_keys q
+        cross join lateral (
+          select l.key from ${s}.limits l where l.key = q.key and ${room(s)} > 0 offset 0) l
+        cross join lateral (
+          select 1 from ${s}.jobs c
+           where c.limit_key = l.key
+             and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
+                                      where not exists (select 1 from ${s}.queue_pauses p
+                                                         where p.queue = u.name)))
+             and ${readyCondition("c.queue")}
+             and c.task = any($2::text[])
+             and c.id <> all($3::bigint[])
+           limit 1) best
+        where q.key is not null
+        limit 1) as key`;
+}
+
+/**
+ * Pick and lock the limit keys to serve: $1 queues, $2 tasks, $3 how many, $4
  * excluded ids.
  * Only keys with room and a ready job in an open queue, ordered by that key's best ready
  * job (claim order), at most $3, each `limits` row locked `SKIP LOCKED` (the Limit sits
@@ -418,7 +474,7 @@ function room(s: string): string {
  * costs more with thousands of keys), and the room they give is a hint from this
  * statement's snapshot: the claim counts again under the lock.
  */
-function limitKeysStatement(s: string, lock: boolean): string {
+function limitKeysStatement(s: string): string {
   const never = 2147483647;
   return `
     with running as (
@@ -450,7 +506,7 @@ function limitKeysStatement(s: string, lock: boolean): string {
        and coalesce(l.max_starts - coalesce(starts.n, 0), ${never}) > 0
      order by ${claimOrder("best")}
      limit $3
-     ${lock ? "for update of l skip locked" : ""}`;
+     ${KEYS_LOCK}`;
 }
 
 /**

@@ -29,6 +29,7 @@ import { errorEntry, MESSAGE_MAX, runSecrets, storableText } from "./error_entry
 import { JOB_RETURNING, type JobRow, runTransitionHooks, toJobInfo } from "./job_row.ts";
 import { LOOP_BLOCK_WARN_DEFAULT, type RunRef } from "./loop_blocks.ts";
 import { ProgressReporter, progressStatement } from "./progress.ts";
+import { activeTracer, endRunSpan, inRunSpan, startRunSpan } from "../tracing.ts";
 
 /** Why a run was interrupted from outside the handler. */
 export type Interrupt = "timeout" | "cancel" | "shutdown";
@@ -99,6 +100,8 @@ export class Executor {
       () => readDependencies(this.#app.sql, this.#app.schema, job.id),
       (run, steps, options) => this.#waitForChildren(run, steps, options ?? {}),
     );
+    const tracer = activeTracer();
+    const span = tracer === null ? null : startRunSpan(tracer, job, row.trace_context);
     // Settled once: by the handler, or by an interrupt, whichever is first.
     const startedAt = performance.now();
     let finished = false;
@@ -111,6 +114,7 @@ export class Executor {
       const durationMs = performance.now() - startedAt;
       // Only a failed run's outcome says how long it took (the log of its failure).
       if (outcome?.error) outcome.durationMs = Math.round(durationMs);
+      if (span) endRunSpan(span, job, outcome?.kind ?? "succeeded", outcome?.error);
       // The last progress is written before the outcome (only runs that reported wait).
       const progress = ctx.finishProgress();
       if (progress === null) return onOutcome(outcome, durationMs);
@@ -124,7 +128,9 @@ export class Executor {
     if (timeout !== undefined) timer = setTimeout(() => interrupt("timeout"), timeout);
     let value: unknown;
     try {
-      value = runWithContext(ctx, () => this.#run(task, row, job, ctx));
+      value = span === null
+        ? runWithContext(ctx, () => this.#run(task, row, job, ctx))
+        : inRunSpan(span, () => runWithContext(ctx, () => this.#run(task, row, job, ctx)));
     } catch (error) {
       this.#checkBlock(row, startedAt);
       finish({ ok: false, error });

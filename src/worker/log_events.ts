@@ -297,6 +297,20 @@ export function logProgressWriteFailed(jobId: string, error: unknown): void {
   });
 }
 
+/**
+ * `trace_contexts_failed`: the trace contexts of claimed jobs could not be read (tracing is
+ * on); their runs start traces of their own.
+ */
+export function logTraceContextsFailed(error: unknown): void {
+  log.warn(
+    "could not read the trace context of claimed jobs, their runs start new traces: {message}",
+    {
+      event: "trace_contexts_failed",
+      message: describeError(error),
+    },
+  );
+}
+
 /** `outcome_discarded`: the run no longer owns the job. */
 export function logOutcomeDiscarded(outcome: Outcome): void {
   log.warn("outcome of job {jobId} discarded: the run no longer owns the job", {

@@ -1,6 +1,6 @@
 /**
  * The pruner: deletes, in bounded batches, terminal jobs finished longer than `retention`
- * ago, old `periodic_runs` rows, and `limit_starts` marks outside their key's window. Rows
+ * ago (a flow as a whole, never a job a live job depends on), old `periodic_runs` rows, and `limit_starts` marks outside their key's window. Rows
  * another session holds locked are skipped, never waited for: a transaction that keeps a
  * finished job locked (a `requeue` not yet committed) must not hold up the prune, nor the
  * worker's stop, which waits for the prune.
@@ -8,7 +8,7 @@
  * @module
  */
 import { quoteSchema, type Sql } from "../db.ts";
-import { deleteOldJobsStatement } from "../old_jobs.ts";
+import { pruneStatements } from "../old_jobs.ts";
 import { checkInteger } from "./config.ts";
 import { logPruned, logPruneFailed } from "./log_events.ts";
 import { Periodic } from "./periodic.ts";
@@ -51,7 +51,7 @@ export interface PruneResult {
 export class Pruner extends Periodic<PruneResult> {
   #sql: Sql;
   #config: Required<Omit<PrunerConfig, "interval">>;
-  #statements: { jobs: string; periodicRuns: string; limitStarts: string };
+  #statements: { jobs: string; linkedJobs: string; periodicRuns: string; limitStarts: string };
   #pruning: Promise<void> | null = null;
 
   /** Make a pruner on a pool (it runs beside the loop, not on its connection). */
@@ -71,8 +71,10 @@ export class Pruner extends Periodic<PruneResult> {
       ),
     };
     const s = quoteSchema(config.schema);
+    const jobs = pruneStatements(s, true);
     this.#statements = {
-      jobs: deleteOldJobsStatement(s, true),
+      jobs: jobs.plain,
+      linkedJobs: jobs.linked,
       // By ctid: the rows are locked by the same statement, so their ctid cannot change.
       periodicRuns: `delete from ${s}.periodic_runs where ctid = any(array(
                select ctid from ${s}.periodic_runs
@@ -91,13 +93,19 @@ export class Pruner extends Periodic<PruneResult> {
   /** Delete one bounded round of old rows from each table (logged `pruned`, debug). */
   async runOnce(): Promise<PruneResult> {
     const { retention, grace } = this.#config;
+    const plain = await this.#drain(this.#statements.jobs, [retention]);
+    // Flows and the jobs that others depend on, once the plain ones are drained: their scan
+    // would read the plain backlog left over and find nothing in it.
+    const linked = plain.drained
+      ? await this.#drain(this.#statements.linkedJobs, [retention])
+      : null;
     const pruned = {
-      jobs: await this.#drain(this.#statements.jobs, [retention]),
+      jobs: plain.total + (linked?.total ?? 0),
       // A fire older than the grace can never be enqueued again; keep a day for inspection.
-      periodicRuns: await this.#drain(this.#statements.periodicRuns, [
+      periodicRuns: (await this.#drain(this.#statements.periodicRuns, [
         Math.max(grace, 86_400_000),
-      ]),
-      limitStarts: await this.#drain(this.#statements.limitStarts, []),
+      ])).total,
+      limitStarts: (await this.#drain(this.#statements.limitStarts, [])).total,
     };
     logPruned(pruned);
     return pruned;
@@ -124,14 +132,19 @@ export class Pruner extends Periodic<PruneResult> {
     return settleWithin(this.#pruning, ms);
   }
 
-  async #drain(text: string, params: number[]): Promise<number> {
+  /**
+   * Run `text` up to `maxBatches` times while it takes a whole batch; `drained` when its
+   * last run took less. A statement's count is its rows changed, or its row's `n`.
+   */
+  async #drain(text: string, params: number[]): Promise<{ total: number; drained: boolean }> {
     const { batchSize, maxBatches } = this.#config;
     let total = 0;
     for (let i = 0; i < maxBatches; i++) {
-      const { count } = await this.#sql.unsafe(text, [...params, batchSize]);
+      const result = await this.#sql.unsafe(text, [...params, batchSize]);
+      const count = result.length === 1 && "n" in result[0] ? Number(result[0].n) : result.count;
       total += count;
-      if (count < batchSize) break;
+      if (count < batchSize) return { total, drained: true };
     }
-    return total;
+    return { total, drained: false };
   }
 }

@@ -10,8 +10,9 @@
  * @module
  */
 import type { Akadze } from "../app.ts";
-import { describeError, isTransientError } from "../db.ts";
+import { describeError, isTransientError, jobsChannel } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
+import { activeTracer, readTraceContexts } from "../tracing.ts";
 import { LoopConnection } from "../loop_connection.ts";
 import { BatchCompleter } from "./batch_completer.ts";
 import { Canceller } from "./canceller.ts";
@@ -23,13 +24,15 @@ import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
+import { reportThroughMeter } from "./otel_metrics.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Slots } from "./slots.ts";
 import { Wake } from "./wake.ts";
 import { fatalExit, type WorkerExit, type WorkerRunOptions } from "./worker_exit.ts";
-import { type MetricsServer, serveWorkerMetrics, WorkerMetrics } from "./worker_metrics.ts";
+import { type MetricsServer, serveWorkerMetrics } from "./metrics_server.ts";
+import { WorkerMetrics } from "./worker_metrics.ts";
 
 export type { WorkerExit, WorkerRunOptions } from "./worker_exit.ts";
 
@@ -129,6 +132,14 @@ export class Worker {
       onUnwritten: () => this.#heartbeat.orphansMayExist(),
       onSettled: () => {
         if (this.#slots.writeRoom() === 1 || config.batch) this.#wake.up();
+      },
+      // A key at its maxRunning has room again: claim now rather than at the next poll; and
+      // where this worker has no free slot, tell the others, whose claim may take it.
+      onLimitFreed: (queues) => {
+        this.#claimer.limitFreed();
+        this.#wake.up();
+        const full = queues.filter((q) => this.#slots.isFull(q));
+        if (app.notify && full.length > 0) this.#notifyLimitFreed(full);
       },
     });
     this.#blocks = new LoopBlocks({
@@ -251,6 +262,7 @@ export class Worker {
       onDriverError: log.logDriverError,
       onStray: (stray) => log.logStray(this.id, stray),
     });
+    const stopReporting = reportThroughMeter(this.metrics);
     log.logStarted(this.id, this.config.queues, this.config.slots);
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
@@ -283,6 +295,7 @@ export class Worker {
         metricsServer?.shutdown(),
       ]);
       this.#running = false;
+      stopReporting();
       // Thrown out of the loop: nothing below runs, so the guard goes now.
       if (!ended) removeGuard();
     }
@@ -348,6 +361,17 @@ export class Worker {
     return { code: 0, reason: "stopped" };
   }
 
+  /**
+   * Wake the workers of `queues` (as an enqueue does): a limit key there has room again. On
+   * the pool, after the outcome's commit, so that a woken claim counts it. A failure only
+   * costs them their next poll.
+   */
+  #notifyLimitFreed(queues: string[]): void {
+    const channel = jobsChannel(this.#app.schema);
+    this.#app.sql.unsafe("select pg_notify($1, $2)", [channel, queues.join(",")])
+      .catch(() => {});
+  }
+
   /** Heartbeat when due; returns an exit when the lease is lost or the error is fatal. */
   async #beatIfDue(): Promise<WorkerExit | null> {
     if (!this.#heartbeat.due()) return null;
@@ -381,6 +405,7 @@ export class Worker {
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
     if (total <= 0) return [false, false];
     const { claimed } = await this.#claimer.claim(requests, total, this.#offset++);
+    if (claimed.length > 0 && activeTracer() !== null) await this.#readTraceContexts(claimed);
     if (this.#loopLeft) {
       // A claim that comes back after the run gave up on its loop: the lease is lost, so
       // nothing may start; put the jobs back (fenced, no attempt spent) if the database lets us.
@@ -393,6 +418,23 @@ export class Worker {
     for (const row of claimed) this.#slots.start(row);
     this.#starting = [];
     return [claimed.length === total, claimed.length === 0];
+  }
+
+  /**
+   * Tracing only: add each claimed job's stored trace context, so that its run joins the
+   * enqueue's trace. A failed read leaves the runs without (they start traces of their own).
+   */
+  async #readTraceContexts(claimed: ClaimedJob[]): Promise<void> {
+    try {
+      const contexts = await readTraceContexts(
+        this.#connection.sql,
+        this.#app.schema,
+        claimed.map((r) => r.id),
+      );
+      for (const row of claimed) row.trace_context = contexts.get(row.id);
+    } catch (error) {
+      log.logTraceContextsFailed(error);
+    }
   }
 
   /** Graceful drain: wait for running jobs, then put the rest back without spending attempts. */

@@ -2,7 +2,8 @@
 // a throwaway PostgreSQL for the test, the jobs run in this process with drain(), and
 // assertEnqueued() for what is left queued. Run it with `deno test -A` in this directory.
 import assert from "node:assert/strict";
-import { Akadze, getJob, migrate } from "@akadze/akadze";
+import { Akadze } from "@akadze/akadze";
+import { getJob, migrate } from "@akadze/akadze/admin";
 import {
   assertEnqueued,
   drain,
