@@ -17,6 +17,9 @@ export interface Fault {
   detail?: string;
 }
 
+/** The outcome a flow step must reach: by its task, or cancelled by a failed dependency. */
+export type FlowExpect = "succeed" | "fail" | "cancel";
+
 /** A window during which the database refused or dropped connections. */
 export interface Outage {
   kind: "restart" | "halt";
@@ -43,7 +46,7 @@ export interface DbState {
     max_attempts: number;
     run_count: number;
     result: { nonce?: string; runCount?: number } | null;
-    errors: { error: string; message: string }[];
+    errors: { error: string; message: string; dependency?: string }[];
     created_at: Date;
     finished_at: Date | null;
     /** Whether the count that ended the drain saw this row version (true without a drain). */
@@ -69,6 +72,8 @@ export interface DbState {
   commits: { job_id: string; run_count: number; nonce: string; pid: number }[];
   /** The fires of the `chaos.tick` schedule. */
   periodic: { fire_at: Date; job_id: string | null }[];
+  /** The steps of the flows: each one's dependencies (job ids) and expected outcome. */
+  flowSteps: { job_id: string; flow: string; step: string; deps: string[]; expect: FlowExpect }[];
   /** Every stored error message and result, as text (scanned for secrets). */
   storedTexts: string[];
 }
@@ -178,7 +183,9 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
   // created_at: a tick's transaction can start before the drain's count and commit after it.
   const late = (j: DbState["jobs"][number]) =>
     kindOf(j.task) === "tick" && j.state === "queued" && !j.seen_at_drain;
-  const active = db.jobs.filter((j) => (j.state === "queued" || j.state === "running") && !late(j));
+  const active = db.jobs.filter((j) =>
+    (j.state === "waiting" || j.state === "queued" || j.state === "running") && !late(j)
+  );
   const leftTicks = db.jobs.filter(late).length;
   add(
     active.length === 0,
@@ -192,7 +199,10 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
   // 4. Outcomes as planned: doomed jobs fail, every other job succeeds.
   const wrong: string[] = [];
   const tally = { succeed: 0, succeeded: 0, doomed: 0, failed: 0 };
+  const stepOf = new Map(db.flowSteps.map((f) => [f.job_id, f]));
   for (const j of db.jobs) {
+    // A flow step cancelled by its failed dependency is judged with the flows (4c).
+    if (stepOf.get(j.id)?.expect === "cancel") continue;
     const doomed = kindOf(j.task) === "doomed";
     if (doomed) {
       tally.doomed++;
@@ -231,6 +241,10 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
       `${linked} linked fires; longest gap between fires ${s(maxGap)}`,
     unlinked.map((j) => `tick job ${j.id} has no periodic_runs row`),
   );
+
+  // 4c. Flows: steps ran only after their dependencies were terminal, left waiting in the
+  // transaction that made the last one terminal, and ended as planned.
+  verdicts.push(...judgeFlows(db, jobs, transitionsOf, startsOf));
 
   // 5. One execution per claim at most.
   const twice = [...startsOf.entries()].filter(([, rows]) => rows.length > 1);
@@ -633,6 +647,143 @@ export function leaseLost(
     exited >= o.from + run.heartbeatTtl - run.heartbeatInterval && exited <= o.to + 12_000
   );
   return down ? "outage" : null;
+}
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+/** How long after its deciding dependency became terminal a step may still be waiting. */
+const LEFT_WAITING_MAX_MS = 1_000;
+
+/** The flow assertions (4c), from the database state after the drain. */
+export function judgeFlows(
+  db: DbState,
+  jobs: Map<string, DbState["jobs"][number]>,
+  transitionsOf: Map<string, DbState["transitions"]>,
+  startsOf: Map<string, DbState["starts"]>,
+): Verdict[] {
+  const out: Verdict[] = [];
+  const add = (ok: boolean, name: string, detail: string, lines: string[] = []) =>
+    out.push({ ok, name, detail, lines: lines.slice(0, 25) });
+  // When each job became terminal (its first transition to a terminal state).
+  const terminalAt = (id: string): number | null => {
+    const t = (transitionsOf.get(id) ?? []).find((t) => TERMINAL.has(t.new_state));
+    return t ? ms(t.at) : null;
+  };
+  const steps = db.flowSteps;
+  const flows = new Set(steps.map((f) => f.flow));
+  const startsByJob = new Map<string, DbState["starts"]>();
+  for (const rows of startsOf.values()) {
+    for (const r of rows) startsByJob.set(r.job_id, [...(startsByJob.get(r.job_id) ?? []), r]);
+  }
+
+  // Started (ledger_start, and claims) only once every dependency was terminal.
+  const early: string[] = [];
+  let checkedStarts = 0;
+  for (const f of steps) {
+    if (f.deps.length === 0) continue;
+    const depEnds = f.deps.map(terminalAt);
+    const ready = depEnds.some((t) => t === null) ? Infinity : Math.max(...(depEnds as number[]));
+    const claims = (transitionsOf.get(f.job_id) ?? []).filter((t) => t.new_state === "running");
+    for (const s of startsByJob.get(f.job_id) ?? []) {
+      checkedStarts++;
+      if (ms(s.at) < ready) {
+        early.push(
+          `${f.flow} step ${f.step} (job ${f.job_id}) run ${s.run_count} started at ` +
+            `${s.at.toISOString()}, before its dependencies were terminal ` +
+            (ready === Infinity ? "(one never was)" : `(at ${new Date(ready).toISOString()})`),
+        );
+      }
+    }
+    for (const c of claims) {
+      if (ms(c.at) < ready) {
+        early.push(
+          `${f.flow} step ${f.step} (job ${f.job_id}) claimed before its dependencies ended`,
+        );
+      }
+    }
+  }
+  add(
+    early.length === 0,
+    "no flow step started before its dependencies were terminal",
+    `${steps.length} steps in ${flows.size} flows; ${checkedStarts} runs of dependent steps ` +
+      `checked against their dependencies' terminal transitions; ${early.length} early`,
+    early,
+  );
+
+  // Left waiting (queued, or cancelled) in the transaction that decided it; none still waiting.
+  const stuck: string[] = [];
+  let maxGap = 0;
+  for (const f of steps) {
+    if (f.deps.length === 0) continue;
+    const job = jobs.get(f.job_id);
+    const left = (transitionsOf.get(f.job_id) ?? []).find((t) => t.old_state === "waiting");
+    if (!job || job.state === "waiting" || !left) {
+      stuck.push(`${f.flow} step ${f.step} (job ${f.job_id}) is still ${job?.state ?? "missing"}`);
+      continue;
+    }
+    // Its deciding dependency: the one that cancelled it, else the last to become terminal.
+    const cause = left.new_state === "cancelled" ? job.errors.at(-1)?.dependency : undefined;
+    const decided = cause !== undefined
+      ? terminalAt(cause)
+      : Math.max(...f.deps.map((d) => terminalAt(d) ?? Infinity));
+    if (decided === null || !Number.isFinite(decided)) {
+      stuck.push(
+        `${f.flow} step ${f.step} (job ${f.job_id}) left waiting with a dependency active`,
+      );
+      continue;
+    }
+    const gap = ms(left.at) - decided;
+    maxGap = Math.max(maxGap, gap);
+    if (gap > LEFT_WAITING_MAX_MS || gap < 0) {
+      stuck.push(
+        `${f.flow} step ${f.step} (job ${f.job_id}) left waiting ${gap} ms after its ` +
+          "deciding dependency became terminal",
+      );
+    }
+  }
+  add(
+    stuck.length === 0,
+    "no flow step left waiting once its dependencies were terminal",
+    `${steps.filter((f) => f.deps.length > 0).length} dependent steps; the longest from the ` +
+      `deciding dependency's terminal transition to leaving waiting: ${maxGap} ms`,
+    stuck,
+  );
+
+  // Every step's final state as planned; a cancelled step names a failed or cancelled dependency.
+  const wrong: string[] = [];
+  const tally: Record<string, number> = {};
+  for (const f of steps) {
+    const job = jobs.get(f.job_id);
+    const state = job?.state ?? "missing";
+    tally[state] = (tally[state] ?? 0) + 1;
+    const want = { succeed: "succeeded", fail: "failed", cancel: "cancelled" }[f.expect];
+    if (state !== want) {
+      wrong.push(`${f.flow} step ${f.step} (job ${f.job_id}) is ${state}, expected ${want}`);
+      continue;
+    }
+    if (f.expect !== "cancel") continue;
+    const last = job!.errors.at(-1);
+    const dep = last?.dependency;
+    const depState = dep === undefined ? undefined : jobs.get(dep)?.state;
+    if (
+      last?.error !== "DependencyFailed" || dep === undefined || !f.deps.includes(dep) ||
+      (depState !== "failed" && depState !== "cancelled")
+    ) {
+      wrong.push(
+        `${f.flow} step ${f.step} (job ${f.job_id}) is cancelled without a failed dependency ` +
+          `as its cause (${last?.error ?? "no error"}, dependency ${dep ?? "none"} ${
+            depState ?? ""
+          })`,
+      );
+    }
+  }
+  add(
+    wrong.length === 0,
+    "every flow's final state is explained",
+    `${steps.length} steps: ${Object.entries(tally).map(([k, v]) => `${v} ${k}`).join(", ")}; ` +
+      "each as planned, every cancelled one by a failed or cancelled dependency",
+    wrong,
+  );
+  return out;
 }
 
 function isTx(kind: Kind | undefined): boolean {

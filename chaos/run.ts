@@ -11,7 +11,7 @@
 // exit 1 if any failed. See docs/reliability.md.
 import { parseArgs } from "node:util";
 import postgres from "postgres";
-import { Akadze, type AnyTask, DuplicateJob } from "../mod.ts";
+import { Akadze, type AnyTask, DuplicateJob, type FlowStep } from "../mod.ts";
 import { migrate, setLimit } from "../admin.ts";
 import { describeError, isTransientError, redact } from "../src/db.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
@@ -19,6 +19,7 @@ import {
   analyze,
   type DbState,
   type Fault,
+  type FlowExpect,
   leaseLost,
   type Outage,
   type RunData,
@@ -197,6 +198,76 @@ function makePlan(rng: Rng, secret: string): Batch[] {
   return batches;
 }
 
+/** Flow rounds over the enqueue window: each a fan-in of FAN_IN steps and a chain of CHAIN. */
+const FLOW_ROUNDS = 3;
+const FAN_IN = 50;
+const CHAIN = 10;
+
+/** One flow of the plan: its steps (for app.enqueueFlow) and what each must end as. */
+interface FlowPlan {
+  name: string;
+  at: number;
+  seqs: number[];
+  steps: Record<string, FlowStep>;
+  expect: Record<string, FlowExpect>;
+}
+
+/**
+ * The flows, the same whatever the seed (the seeded plan and faults stay as they were): per
+ * round a fan-in of FAN_IN quick steps into a collector, and a chain of CHAIN quick steps.
+ * Round 2's chain has an always-failing step (the rest of the chain is cancelled) and its
+ * fan-in one failing step that the collector ignores; round 3's fan-in has a failing step
+ * that cancels the collector.
+ */
+function makeFlows(firstSeq: number): FlowPlan[] {
+  const flows: FlowPlan[] = [];
+  let seq = firstSeq;
+  for (let round = 1; round <= FLOW_ROUNDS; round++) {
+    const at = ((round - 0.5) / FLOW_ROUNDS) * WINDOW * ENQUEUE_SHARE;
+    const fan: FlowPlan = { name: `fanin-${round}`, at, seqs: [], steps: {}, expect: {} };
+    const failing = round >= 2 ? "f7" : null;
+    for (let i = 0; i < FAN_IN; i++) {
+      const name = `f${i}`;
+      fan.seqs.push(seq);
+      fan.steps[name] = name === failing
+        ? { task: TASKS.doomed, args: { seq: seq++ } }
+        : { task: TASKS.quick, args: { seq: seq++, ms: (i * 7) % 30 } };
+      fan.expect[name] = name === failing ? "fail" : "succeed";
+    }
+    const onFailure = round === 2 ? "ignore" : "cancel";
+    fan.seqs.push(seq);
+    fan.steps.collect = {
+      task: TASKS.quick,
+      args: { seq: seq++, ms: 5 },
+      dependsOn: Object.keys(fan.expect).map((step) => ({ step, onFailure })),
+    };
+    fan.expect.collect = failing && onFailure === "cancel" ? "cancel" : "succeed";
+    const chain: FlowPlan = {
+      name: `chain-${round}`,
+      at: at + 1_000,
+      seqs: [],
+      steps: {},
+      expect: {},
+    };
+    const doomedAt = round === 2 ? 4 : -1;
+    for (let i = 0; i < CHAIN; i++) {
+      chain.seqs.push(seq);
+      chain.steps[`c${i}`] = {
+        task: i === doomedAt ? TASKS.doomed : TASKS.quick,
+        args: i === doomedAt ? { seq: seq++ } : { seq: seq++, ms: 20 },
+        ...(i > 0 ? { dependsOn: [`c${i - 1}`] } : {}),
+      };
+      chain.expect[`c${i}`] = i === doomedAt
+        ? "fail"
+        : doomedAt >= 0 && i > doomedAt
+        ? "cancel"
+        : "succeed";
+    }
+    flows.push(fan, chain);
+  }
+  return flows;
+}
+
 // ---------------------------------------------------------------------------------------
 // Helpers
 
@@ -292,6 +363,9 @@ interface LockWait {
 const lockWaits = new Map<string, LockWait>();
 let chaosOver = false;
 let stopping = false;
+/** Jobs the producers enqueue: the plan's and the flows' steps. */
+let planned = JOBS;
+const sum = (values: number[]) => values.reduce((a, b) => a + b, 0);
 let dbDown = false;
 
 function logFault(fault: Fault): void {
@@ -372,8 +446,11 @@ try {
     terminate: new Rng(SEED, 4),
   };
   const plan = makePlan(rng.plan, secret);
+  const flows = makeFlows(JOBS);
   const kinds: Record<string, number> = {};
   for (const b of plan) kinds[b.kind] = (kinds[b.kind] ?? 0) + b.seqs.length;
+  kinds["flow steps"] = sum(flows.map((f) => f.seqs.length));
+  planned = JOBS + kinds["flow steps"];
   console.log(
     `plan: ${Object.entries(kinds).map(([k, n]) => `${n} ${k}`).join(", ")} in ${plan.length} ` +
       `enqueue transactions over ${secs(WINDOW * ENQUEUE_SHARE)}; limits ${
@@ -499,13 +576,69 @@ try {
       }
     }
   };
-  const producers = Promise.all(Array.from({ length: PRODUCERS }, async () => {
-    while (next < plan.length) {
-      const batch = plan[next++];
-      await sleep(t0 + batch.at - Date.now());
-      await produceOne(batch);
+  // A flow and its bookkeeping in one transaction: chaos.expected for every step, and
+  // chaos.flow_steps with each step's dependencies (job ids) and the outcome it must reach.
+  const produceFlow = async (flow: FlowPlan): Promise<void> => {
+    for (;;) {
+      try {
+        await appSql.begin(async (tx) => {
+          const { jobs } = await app!.enqueueFlow(flow.steps, { session: tx });
+          const names = Object.keys(flow.steps);
+          await tx`insert into chaos.expected ${
+            tx(names.map((name) => ({
+              seq: (flow.steps[name].args as { seq: number }).seq,
+              kind: flow.steps[name].task === TASKS.doomed ? "doomed" : "quick",
+              job_id: jobs[name],
+              unique_key: null,
+              limit_key: null,
+              secret: false,
+            })))
+          }`;
+          await tx`insert into chaos.flow_steps ${
+            tx(names.map((name) => ({
+              job_id: jobs[name],
+              flow: flow.name,
+              step: name,
+              deps: `{${
+                (flow.steps[name].dependsOn ?? []).map((d) =>
+                  jobs[typeof d === "string" ? d : d.step!]
+                ).join(",")
+              }}`,
+              expect: flow.expect[name],
+            })))
+          }`;
+        });
+        return;
+      } catch (error) {
+        if (!isTransientError(error)) {
+          producerErrors.push(`flow ${flow.name}: ${describeError(error)}`);
+          return;
+        }
+        harnessMessages.push(String((error as Error)?.message ?? error));
+        const [row] = await retrying(
+          "an enqueue check",
+          () => appSql`select 1 from chaos.expected where seq = ${flow.seqs[0]}`,
+        );
+        if (row) return;
+        await sleep(250);
+      }
     }
-  }));
+  };
+  const producers = Promise.all([
+    ...Array.from({ length: PRODUCERS }, async () => {
+      while (next < plan.length) {
+        const batch = plan[next++];
+        await sleep(t0 + batch.at - Date.now());
+        await produceOne(batch);
+      }
+    }),
+    (async () => {
+      for (const flow of flows) {
+        await sleep(t0 + flow.at - Date.now());
+        await produceFlow(flow);
+      }
+    })(),
+  ]);
 
   const sampleSql = sampler;
   const sampling = (async () => {
@@ -661,7 +794,7 @@ try {
                  count(*)::int as total
             from akadze.jobs`;
         console.log(
-          `${rel(Date.now())}  progress  ${c.total}/${JOBS} enqueued, ${c.done} finished, ` +
+          `${rel(Date.now())}  progress  ${c.total}/${planned} enqueued, ${c.done} finished, ` +
             `${c.running} running, ${activeFleet.live().length} worker processes`,
         );
       } catch {
@@ -703,11 +836,12 @@ try {
     const [c] = await retrying(
       "the drain count",
       () =>
-        appSql`select count(*) filter (where state in ('queued', 'running'))::int as active,
+        appSql`select count(*) filter (where state in ('waiting', 'queued', 'running'))::int
+                      as active,
                     count(*)::int as total, pg_current_snapshot()::text as snapshot
                from akadze.jobs`,
     );
-    if (c.active === 0 && c.total >= JOBS) {
+    if (c.active === 0 && c.total >= planned) {
       drained = true;
       drainSnapshot = c.snapshot;
       break;
@@ -767,7 +901,7 @@ try {
     JSON.stringify({ t0, faults, outages, workers: activeFleet.all, samples, db: db.state }),
   );
   const run: RunData = {
-    jobsPlanned: JOBS,
+    jobsPlanned: planned,
     heartbeatInterval: HEARTBEAT_INTERVAL,
     heartbeatTtl: HEARTBEAT_TTL,
     rescueSlack: RESCUE_SLACK,
@@ -854,6 +988,9 @@ async function readDb(
   const periodic = await sql`
     select fire_at, job_id::text as job_id from akadze.periodic_runs
      where name = ${TASKS.tick} order by fire_at`;
+  const flowSteps = await sql`
+    select job_id::text as job_id, flow, step, deps::text[] as deps, expect
+      from chaos.flow_steps order by job_id`;
   const [{ n }] = await sql`select count(*)::int as n from chaos.duplicates`;
   return {
     state: {
@@ -863,6 +1000,7 @@ async function readDb(
       starts: starts as unknown as DbState["starts"],
       commits: commits as unknown as DbState["commits"],
       periodic: periodic as unknown as DbState["periodic"],
+      flowSteps: flowSteps as unknown as DbState["flowSteps"],
       storedTexts: texts.map((r) => r.t as string),
     },
     duplicates: n,

@@ -53,6 +53,14 @@ create table chaos.expected (
   limit_key text,
   secret boolean not null,
   enqueued_at timestamptz not null default clock_timestamp());
+-- The steps of the flows, written with them: each step's dependencies (job ids) and the
+-- outcome it must reach ('succeed', 'fail', or 'cancel': by a failed dependency).
+create table chaos.flow_steps (
+  job_id bigint primary key,
+  flow text not null,
+  step text not null,
+  deps bigint[] not null,
+  expect text not null);
 -- DuplicateJob refusals, recorded in the same transaction after the refusal.
 create table chaos.duplicates (
   seq int not null,

@@ -240,6 +240,10 @@ DECLARE
   v_keys CONSTANT text[] := '{name,task,args,queue,priority,max_attempts,run_at,delay_ms,expires_at,unique_key,limit_key,depends_on}';
   v_n integer;
   v_names text[];
+  v_index jsonb;
+  v_depended jsonb;
+  v_queues text[];
+  v_seq regclass;
   v_i bigint;
   v_problem text;
   v_from integer[];
@@ -270,8 +274,7 @@ BEGIN
         WHEN jsonb_typeof(s.x -> 'task') IS DISTINCT FROM 'string'
           OR length(s.x ->> 'task') NOT BETWEEN 1 AND 200
           THEN 'needs a "task": a task name of 1 to 200 characters'
-        WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(s.x) k
-                      WHERE NOT k = ANY (v_keys))
+        WHEN s.x - v_keys <> '{}'::jsonb
           THEN 'has an unknown key (keys: ' ||
                array_to_string(v_keys, ', ') || ')'
         WHEN s.x ? 'args'
@@ -282,10 +285,16 @@ BEGIN
                OR NOT (s.x ->> 'queue') ~ '^[A-Za-z0-9_.:-]{1,64}$')
           THEN '"queue" must be 1 to 64 letters, digits, or _ . : -'
         WHEN s.x ? 'priority'
-          AND NOT {{schema}}.json_integer_in(s.x -> 'priority', -32768, 32767)
+          AND NOT CASE WHEN jsonb_typeof(s.x -> 'priority') = 'number'
+                       THEN (s.x ->> 'priority')::numeric BETWEEN -32768 AND 32767
+                            AND (s.x ->> 'priority')::numeric % 1 = 0
+                       ELSE false END
           THEN '"priority" must be an integer from -32768 to 32767'
         WHEN s.x ? 'max_attempts'
-          AND NOT {{schema}}.json_integer_in(s.x -> 'max_attempts', 1, 2147483647)
+          AND NOT CASE WHEN jsonb_typeof(s.x -> 'max_attempts') = 'number'
+                       THEN (s.x ->> 'max_attempts')::numeric BETWEEN 1 AND 2147483647
+                            AND (s.x ->> 'max_attempts')::numeric % 1 = 0
+                       ELSE false END
           THEN '"max_attempts" must be an integer from 1 to 2147483647'
         WHEN s.x ? 'delay_ms'
           AND (jsonb_typeof(s.x -> 'delay_ms') <> 'number'
@@ -293,14 +302,15 @@ BEGIN
           THEN '"delay_ms" must be a number of milliseconds from 0 to 31536000000 (365 days)'
         WHEN s.x ? 'run_at' AND s.x ? 'delay_ms'
           THEN '"run_at" and "delay_ms" cannot both be set'
-        WHEN EXISTS (SELECT 1 FROM unnest('{run_at,expires_at}'::text[]) k
-                      WHERE s.x ? k
-                        AND jsonb_typeof(s.x -> k) <> 'string')
+        WHEN (s.x ? 'run_at' AND jsonb_typeof(s.x -> 'run_at') <> 'string')
+          OR (s.x ? 'expires_at' AND jsonb_typeof(s.x -> 'expires_at') <> 'string')
           THEN '"run_at" and "expires_at" must be timestamps (strings)'
-        WHEN EXISTS (SELECT 1 FROM unnest('{unique_key,limit_key}'::text[]) k
-                      WHERE s.x ? k
-                        AND (jsonb_typeof(s.x -> k) <> 'string'
-                             OR length(s.x ->> k) NOT BETWEEN 1 AND 500))
+        WHEN (s.x ? 'unique_key'
+              AND (jsonb_typeof(s.x -> 'unique_key') <> 'string'
+                   OR length(s.x ->> 'unique_key') NOT BETWEEN 1 AND 500))
+          OR (s.x ? 'limit_key'
+              AND (jsonb_typeof(s.x -> 'limit_key') <> 'string'
+                   OR length(s.x ->> 'limit_key') NOT BETWEEN 1 AND 500))
           THEN '"unique_key" and "limit_key" must be strings of 1 to 500 characters'
         WHEN s.x ? 'depends_on'
           AND jsonb_typeof(s.x -> 'depends_on') <> 'array'
@@ -330,26 +340,29 @@ BEGIN
         to_json(v_problem)::text
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  -- Each step's position by name: a lookup in a JSON object (a binary search), not a scan of
+  -- every name per dependency, which a fan-in of thousands would pay quadratically.
+  v_index := (SELECT jsonb_object_agg(s.x ->> 'name', s.i)
+                FROM jsonb_array_elements(steps) WITH ORDINALITY AS s(x, i));
 
   -- The dependencies: each a step of this flow (by name) or an existing job (by id).
   SELECT t.i, t.problem INTO v_i, v_problem FROM (
     SELECT s.i, CASE
         WHEN jsonb_typeof(d.x) = 'string'
-             AND NOT (d.x #>> '{}') = ANY (v_names)
+             AND NOT v_index ? (d.x #>> '{}')
           THEN 'depends on ' || d.x::text ||
                ', which is not a step of this flow'
         WHEN jsonb_typeof(d.x) = 'string' THEN NULL
         WHEN jsonb_typeof(d.x) <> 'object'
           OR (d.x ? 'step') = (d.x ? 'job')
-          OR EXISTS (SELECT 1 FROM jsonb_object_keys(d.x) k
-                      WHERE NOT k = ANY ('{step,job,on_failure}'::text[]))
+          OR d.x - '{step,job,on_failure}'::text[] <> '{}'::jsonb
           THEN 'has a dependency that is neither a step name nor {"step": name} or {"job": id} (with an optional "on_failure")'
         WHEN d.x ? 'on_failure'
           AND NOT coalesce(d.x ->> 'on_failure' =
                              ANY ('{cancel,ignore,continue}'::text[]), false)
           THEN 'has an "on_failure" other than "cancel", "ignore" or "continue"'
         WHEN d.x ? 'step'
-          AND NOT coalesce(d.x ->> 'step' = ANY (v_names), false)
+          AND NOT coalesce(v_index ? (d.x ->> 'step'), false)
           THEN 'depends on ' || (d.x -> 'step')::text
                || ', which is not a step of this flow'
         WHEN d.x ? 'job'
@@ -366,29 +379,27 @@ BEGIN
         to_json(v_names[v_i])::text, v_problem
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  SELECT array_agg(e.dependent ORDER BY e.dependent, e.k),
-         array_agg(e.dep ORDER BY e.dependent, e.k),
-         array_agg(e.job ORDER BY e.dependent, e.k),
-         array_agg(e.policy ORDER BY e.dependent, e.k)
+  -- One sort for the four arrays (each aggregates the ordered rows in the same order).
+  SELECT array_agg(e.dependent), array_agg(e.dep), array_agg(e.job), array_agg(e.policy)
     INTO v_from, v_to, v_job, v_policy
     FROM (
       SELECT s.i::integer AS dependent, d.k,
-             array_position(v_names, coalesce(d.x ->> 'step',
+             (v_index ->> coalesce(d.x ->> 'step',
                CASE WHEN jsonb_typeof(d.x) = 'string'
-                    THEN d.x #>> '{}' END)) AS dep,
+                    THEN d.x #>> '{}' END))::integer AS dep,
              (d.x ->> 'job')::bigint AS job,
              coalesce(d.x ->> 'on_failure', 'cancel') AS policy
         FROM jsonb_array_elements(steps) WITH ORDINALITY AS s(x, i),
              jsonb_array_elements(
                coalesce(s.x -> 'depends_on', '[]'::jsonb))
-               WITH ORDINALITY AS d(x, k)) e;
+               WITH ORDINALITY AS d(x, k)
+       ORDER BY s.i, d.k) e;
   v_from := coalesce(v_from, '{}');
   v_to := coalesce(v_to, '{}');
   v_job := coalesce(v_job, '{}');
   v_policy := coalesce(v_policy, '{}');
   SELECT x.f INTO v_i
-    FROM (SELECT v_from[k] AS f, v_to[k] AS t, v_job[k] AS j
-            FROM generate_subscripts(v_from, 1) k) x
+    FROM unnest(v_from, v_to, v_job) AS x(f, t, j)
    GROUP BY x.f, x.t, x.j HAVING count(*) > 1 LIMIT 1;
   IF v_i IS NOT NULL THEN
     RAISE EXCEPTION 'step % of this flow (%) lists the same dependency twice', v_i,
@@ -427,10 +438,16 @@ BEGIN
     END IF;
   END IF;
 
-  v_ids := ARRAY (SELECT nextval(
-                           pg_get_serial_sequence('{{schema}}.jobs', 'id')::regclass)
-                    FROM generate_series(1, v_n));
+  -- The steps others depend on (by position), for has_dependents.
+  v_depended := coalesce((SELECT jsonb_object_agg(x.t::text, true)
+                            FROM unnest(v_to) AS x(t) WHERE x.t IS NOT NULL), '{}');
+  -- The sequence looked up once, not for every id.
+  v_seq := pg_get_serial_sequence('{{schema}}.jobs', 'id')::regclass;
+  v_ids := ARRAY (SELECT nextval(v_seq) FROM generate_series(1, v_n));
   BEGIN
+    -- No joins: a step's dependencies are its depends_on (none is listed twice), and
+    -- whether others depend on it a lookup, so the plan cannot turn quadratic.
+    WITH inserted AS (
     INSERT INTO {{schema}}.jobs
       (id, task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key,
        state, pending_deps, has_dependents, flow_id, step)
@@ -446,23 +463,24 @@ BEGIN
                        * interval '1 millisecond')),
            (s.x ->> 'expires_at')::timestamptz,
            s.x ->> 'unique_key', s.x ->> 'limit_key',
-           CASE WHEN coalesce(deg.n, 0) > 0 THEN 'waiting' ELSE 'queued' END,
-           coalesce(deg.n, 0), dep.i IS NOT NULL, coalesce(in_flow, v_ids[1]),
+           CASE WHEN s.x ? 'depends_on' AND jsonb_array_length(s.x -> 'depends_on') > 0
+                THEN 'waiting' ELSE 'queued' END,
+           coalesce(jsonb_array_length(s.x -> 'depends_on'), 0),
+           v_depended ? s.i::text, coalesce(in_flow, v_ids[1]),
            s.x ->> 'name'
       FROM jsonb_array_elements(steps) WITH ORDINALITY AS s(x, i)
-      LEFT JOIN (SELECT f AS i, count(*)::integer AS n
-                   FROM unnest(v_from) f GROUP BY f) deg ON deg.i = s.i
-      LEFT JOIN (SELECT DISTINCT t AS i FROM unnest(v_to) t WHERE t IS NOT NULL) dep
-        ON dep.i = s.i
-     ORDER BY v_rank[s.i];
+     ORDER BY v_rank[s.i]
+    RETURNING queue, state)
+    SELECT array_agg(DISTINCT i.queue::text) FILTER (WHERE i.state = 'queued')
+      INTO v_queues FROM inserted i;
   EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'a step''s unique_key is already held by a waiting, queued or running job; nothing of this flow was enqueued'
       USING ERRCODE = 'AKDUP', CONSTRAINT = 'jobs_active_unique_key_idx',
             HINT = 'Catch SQLSTATE AKDUP in a savepoint.';
   END;
   INSERT INTO {{schema}}.job_dependencies (job_id, depends_on, on_failure)
-  SELECT v_ids[v_rank[v_from[k]]], coalesce(v_ids[v_rank[v_to[k]]], v_job[k]), v_policy[k]
-    FROM generate_subscripts(v_from, 1) k;
+  SELECT v_ids[v_rank[e.f]], coalesce(v_ids[v_rank[e.t]], e.j), e.p
+    FROM unnest(v_from, v_to, v_job, v_policy) AS e(f, t, j, p);
 
   -- Dependencies that had already finished count now.
   FOR v_k IN 1 .. coalesce(cardinality(v_ext_ids), 0) LOOP
@@ -470,12 +488,12 @@ BEGIN
       PERFORM {{schema}}.settle_dependents(v_ext_ids[v_k], v_ext_states[v_k], v_ids);
     END IF;
   END LOOP;
-  PERFORM pg_notify(v_channel, q.queue)
-     FROM (SELECT DISTINCT j.queue::text AS queue FROM {{schema}}.jobs j
-            WHERE j.id = ANY (v_ids)
-              AND j.state = 'queued') q;
+  -- The queues of the steps queued at once (settle_dependents announces those it queues).
+  PERFORM pg_notify(v_channel, q) FROM unnest(v_queues) q;
   RETURN QUERY
-  SELECT v_names[s.i], v_ids[v_rank[s.i]] FROM generate_series(1, v_n) AS s(i);
+  -- unnest, not v_names[i]: finding the i-th element of a text array walks the ones before.
+  SELECT s.name, v_ids[v_rank[s.i]]
+    FROM unnest(v_names) WITH ORDINALITY AS s(name, i) ORDER BY s.i;
 END
 $$;
 
@@ -513,18 +531,14 @@ DECLARE
   v_k integer;
   v_sorted boolean := true;
 BEGIN
-  FOR v_k IN 1 .. v_m LOOP
-    IF p_to[v_k] IS NOT NULL AND p_to[v_k] >= p_from[v_k] THEN
-      v_sorted := false;
-      EXIT;
-    END IF;
-  END LOOP;
+  v_sorted := coalesce((SELECT bool_and(e.t IS NULL OR e.t < e.f)
+                         FROM unnest(p_from, p_to) AS e(f, t)), true);
   IF v_sorted THEN
     RETURN ARRAY (SELECT generate_series(1, p_n));
   END IF;
   -- Edges grouped by dependency: v_out[v_start[i] + 1 .. v_start[i + 1]] depend on step i.
-  v_out := ARRAY (SELECT p_from[k] FROM generate_subscripts(p_from, 1) k
-                   WHERE p_to[k] IS NOT NULL ORDER BY p_to[k], k);
+  v_out := ARRAY (SELECT e.f FROM unnest(p_from, p_to) WITH ORDINALITY AS e(f, t, k)
+                   WHERE e.t IS NOT NULL ORDER BY e.t, e.k);
   FOR v_k IN 1 .. v_m LOOP
     IF p_to[v_k] IS NOT NULL THEN
       v_indeg[p_from[v_k]] := v_indeg[p_from[v_k]] + 1;

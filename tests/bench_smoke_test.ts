@@ -3,7 +3,6 @@
 // `bench/run.ts --scenario horizon --smoke` (13 s of steady load, the horizon pinned for 5 s)
 // must succeed and report akadze's latencies; `--scenario flows --smoke` must drain every
 // shape and akadze's plain jobs.
-import { Akadze } from "../mod.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 
 Deno.test("bench: the smoke run drains its jobs and reports akadze's drain rate", async () => {
@@ -66,15 +65,7 @@ Deno.test("bench: the flows smoke run drains every shape and akadze's plain jobs
   const stderr = new TextDecoder().decode(out.stderr);
   assertEquals(out.code, 0, `bench --scenario flows --smoke failed:\n${stderr}\n${stdout}`);
   assertMatch(stdout, /^akadze plain: [\d,]+ jobs\/s$/m);
-  // Measured once akadze has flows; until then the run says so, shape by shape.
-  const hasFlows = typeof (Akadze.prototype as unknown as Record<string, unknown>).enqueueFlow ===
-    "function";
   for (const shape of ["fanout", "chain", "dag"]) {
-    assertMatch(
-      stdout,
-      hasFlows
-        ? new RegExp(`^akadze ${shape}: [\\d,]+ jobs/s$`, "m")
-        : new RegExp(`^akadze ${shape}: skipped: flows not available`, "m"),
-    );
+    assertMatch(stdout, new RegExp(`^akadze ${shape}: [\\d,]+ jobs/s$`, "m"));
   }
 });
