@@ -5,6 +5,7 @@
  *
  * @module
  */
+import type { DependencyOutcome } from "./dependencies.ts";
 import { AkadzeError } from "./errors.ts";
 import type { JobInfo } from "./job.ts";
 import { isPlainObject } from "./json.ts";
@@ -52,6 +53,16 @@ export interface SandboxContext {
   remaining(): number | null;
   /** Report how far the run is, as `JobContext.progress` does (the worker writes it). */
   progress(value: unknown): void;
+  /**
+   * The outcomes of the jobs this one depends on, as `JobContext.dependencies` gives them
+   * (read by the worker as the run starts).
+   */
+  dependencies(): Promise<Record<string, DependencyOutcome>>;
+  /** The result of the dependency that ran `task`, as `JobContext.resultOf` gives it. */
+  resultOf<R>(
+    task: { readonly name: string; readonly handler: (...args: never[]) => R },
+    step?: string,
+  ): Promise<Awaited<R>>;
 }
 
 /**

@@ -146,8 +146,8 @@ export function startRunSpan(
       "messaging.destination.name": job.queue,
       "messaging.message.id": job.id,
       "akadze.task": job.task,
-      // 1 for the first attempt; a snoozed run repeats its attempt.
-      "akadze.attempt": job.attempt + 1,
+      // 1 for the first attempt (ctx.job.attempt's numbering); a snoozed run repeats it.
+      "akadze.attempt": job.attempt,
       "akadze.run_count": job.runCount,
     },
   }, first ? stored : ROOT_CONTEXT);
@@ -185,8 +185,9 @@ export function endRunSpan(
   outcome: string,
   error?: ErrorEntry,
 ): void {
-  // A retry with no attempt left ends the job failed (the rule of the outcome write).
-  const last = outcome === "retry" && job.attempt + 1 >= job.maxAttempts;
+  // A retry with no attempt left ends the job failed (the rule of the outcome write); the
+  // run's attempt is numbered from 1.
+  const last = outcome === "retry" && job.attempt >= job.maxAttempts;
   run.span.setAttribute("akadze.outcome", last ? "fail" : outcome);
   if (error) {
     run.span.recordException({ name: error.error, message: error.message, stack: error.stack });

@@ -287,7 +287,7 @@ Deno.test("a sandboxed handler gets its validated arguments, the job, progress (
       const result = r.result as Record<string, unknown>;
       assertEquals([result.id, result.attempt, result.task, result.double, result.aborted], [
         id,
-        1,
+        2, // the second attempt, numbered from 1
         "ctx",
         42,
         false,
@@ -338,4 +338,23 @@ Deno.test("a sandboxed task is declared with a module URL and no handler; bad de
   const none = assertThrows(() => app.task("none", {} as never));
   assertMatch((none as Error).message, /handler must be a function/);
   void app.close();
+});
+
+Deno.test("a sandboxed step of a flow reads its dependencies' results in the thread", async () => {
+  await withApp("sandbox_flow", async (app, sql) => {
+    const part = app.task("part", ({ n }) => n as number);
+    const sum = app.task("sum", { sandbox: { module: HANDLERS, export: "sumDependencies" } });
+    const flow = await app.enqueueFlow({
+      a: { task: part, args: { n: 2 } },
+      b: { task: part, args: { n: 3 } },
+      total: { task: sum, dependsOn: ["a", "b"] },
+    });
+    const w = startWorker(app, SCALED);
+    try {
+      const done = await waitForJob(sql, flow.jobs.total, ended);
+      assertEquals([done.state, done.result, done.errors], ["succeeded", 5, []]);
+    } finally {
+      await w.stop();
+    }
+  });
 });

@@ -266,8 +266,9 @@ export class Executor {
   ): Promise<unknown> {
     let pool = this.#pools.get(task.name);
     if (!pool) this.#pools.set(task.name, pool = new SandboxPool(task.name, task.sandbox!));
-    // Read here, where the database is: the thread has no connection.
-    const dependencies = await ctx.dependencies();
+    // Read here, where the database is (the thread has no connection), while the run starts.
+    const dependencies = ctx.dependencies();
+    dependencies.catch(() => {}); // the thread's to report, if its handler asks
     return await pool.run({ args, job, deadline: ctx.deadline, dependencies }, {
       signal: ctx.signal,
       onProgress: (value) => ctx.progress(value),

@@ -12,6 +12,7 @@ import type { JobInfo } from "../job.ts";
 import type { SandboxSpec } from "../sandbox.ts";
 import type { DependencyOutcome } from "../dependencies.ts";
 import {
+  type DependenciesMessage,
   type RunMessage,
   sendableError,
   type SentError,
@@ -31,8 +32,11 @@ export interface SandboxRequest {
   job: JobInfo;
   /** The run's deadline, or null. */
   deadline: Date | null;
-  /** The outcomes of its dependencies (`ctx.dependencies()` in the thread). */
-  dependencies: Record<string, DependencyOutcome>;
+  /**
+   * The outcomes of its dependencies (`ctx.dependencies()` in the thread), being read: sent
+   * to the thread when they arrive, so the run does not wait for them to start.
+   */
+  dependencies: Promise<Record<string, DependencyOutcome>>;
 }
 
 /** How a run is followed. */
@@ -92,7 +96,7 @@ class Thread {
     };
   }
 
-  post(message: RunMessage | { type: "abort"; reason: SentError }): void {
+  post(message: RunMessage | DependenciesMessage | { type: "abort"; reason: SentError }): void {
     this.worker.postMessage(message);
   }
 
@@ -182,9 +186,17 @@ export class SandboxPool {
           export: this.#spec.export,
           args,
           job,
-          dependencies,
           deadline: deadline?.getTime() ?? null,
         });
+        const listener = thread.listener;
+        const send = (message: DependenciesMessage) => {
+          // Only to the thread still running this job.
+          if (thread.listener === listener && !thread.dead) thread.post(message);
+        };
+        dependencies.then(
+          (value) => send({ type: "dependencies", value }),
+          (error) => send({ type: "dependencies", error: sendableError(error) }),
+        );
       } catch (error) {
         end(true);
         reject(error);

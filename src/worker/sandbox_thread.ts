@@ -25,8 +25,19 @@ export interface RunMessage {
   job: JobInfo;
   /** The deadline (epoch ms), or null. */
   deadline: number | null;
-  /** The outcomes of its dependencies, read by the worker. */
-  dependencies: Record<string, DependencyOutcome>;
+}
+
+/**
+ * The outcomes of the running job's dependencies, read by the worker while the run starts
+ * (or why they could not be read).
+ */
+export interface DependenciesMessage {
+  /** The message kind. */
+  type: "dependencies";
+  /** The outcomes by step name. */
+  value?: Record<string, DependencyOutcome>;
+  /** Why they could not be read. */
+  error?: SentError;
 }
 
 /** Abort the running job's signal, from the main worker. */
@@ -88,7 +99,9 @@ export function sendableError(error: unknown): SentError {
 const scope = globalThis as unknown as {
   postMessage(message: ThreadMessage): void;
   close(): void;
-  onmessage: ((event: MessageEvent<RunMessage | AbortMessage>) => void) | null;
+  onmessage:
+    | ((event: MessageEvent<RunMessage | AbortMessage | DependenciesMessage>) => void)
+    | null;
 };
 
 // Deno.exit (or process.exit, or close()) in a Web Worker stops the thread without a word to
@@ -128,6 +141,8 @@ if ("WorkerGlobalScope" in globalThis) {
  */
 export function serve(module: Record<string, unknown>): void {
   let controller: AbortController | null = null;
+  // The running job's dependencies, settled by the worker's "dependencies" message.
+  let dependencies = Promise.withResolvers<Record<string, DependencyOutcome>>();
   scope.onmessage = (event) => {
     const message = event.data;
     if (message.type === "abort") {
@@ -136,8 +151,20 @@ export function serve(module: Record<string, unknown>): void {
       }));
       return;
     }
+    if (message.type === "dependencies") {
+      if (message.error) {
+        dependencies.reject(Object.assign(new Error(message.error.message), {
+          name: message.error.name,
+        }));
+      } else dependencies.resolve(message.value!);
+      return;
+    }
     const run = new AbortController();
     controller = run;
+    const gotDependencies = Promise.withResolvers<Record<string, DependencyOutcome>>();
+    // Read only when asked for: a rejection nobody awaits is not an error of the run.
+    gotDependencies.promise.catch(() => {});
+    dependencies = gotDependencies;
     const deadline = message.deadline === null ? null : new Date(message.deadline);
     const ctx: JobContext = {
       job: message.job,
@@ -155,8 +182,8 @@ export function serve(module: Record<string, unknown>): void {
         );
       },
       // Read by the worker before the run started (they are terminal, or continued after).
-      dependencies: () => Promise.resolve(message.dependencies),
-      resultOf: (task, step) => Promise.resolve(resultOf(message.dependencies, task, step)),
+      dependencies: () => gotDependencies.promise,
+      resultOf: (task, step) => gotDependencies.promise.then((deps) => resultOf(deps, task, step)),
       waitForChildren() {
         throw new AkadzeError(
           "waitForChildren is not available in a sandboxed task: the children are inserted in " +
