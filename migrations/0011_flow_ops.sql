@@ -23,6 +23,9 @@ CREATE FUNCTION {{schema}}.prune_linked_jobs(
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+-- As claim_one: a plan made while the tables are nearly empty must not scan jobs once they
+-- have grown (the worker prunes every minute, most jobs in no flow).
+SET enable_seqscan = off
 AS $$
 DECLARE
   v_cutoff CONSTANT timestamptz := now() - p_older_than_ms * interval '1 millisecond';
@@ -31,10 +34,12 @@ DECLARE
   v_n bigint;
   v_deleted integer := 0;
 BEGIN
-  -- Jobs outside flows that other jobs depend on (enqueue_flow's {"job": id}).
+  -- Jobs outside flows that other jobs depend on (enqueue_flow's {"job": id}), found from
+  -- job_dependencies: the jobs table is not scanned for them (most jobs are in no flow).
   v_ids := ARRAY (
     SELECT j.id FROM {{schema}}.jobs j
-     WHERE j.state IN ('succeeded', 'failed', 'cancelled') AND j.state = ANY (p_states)
+     WHERE j.id IN (SELECT d.depends_on FROM {{schema}}.job_dependencies d)
+       AND j.state IN ('succeeded', 'failed', 'cancelled') AND j.state = ANY (p_states)
        AND j.finished_at < v_cutoff
        AND j.flow_id IS NULL AND j.has_dependents
        AND NOT EXISTS (
@@ -58,12 +63,13 @@ BEGIN
     v_deleted := cardinality(v_ids);
   END IF;
 
-  -- Whole flows, oldest first step first (read lazily: the loop stops at the limit).
+  -- Whole flows, oldest first step first (read lazily: the loop stops at the limit), from
+  -- the index of flow jobs (jobs_flow_idx), not from every finished job.
   FOR v_flow IN
     SELECT r.id FROM {{schema}}.jobs r
-     WHERE r.state IN ('succeeded', 'failed', 'cancelled') AND r.state = ANY (p_states)
+     WHERE r.flow_id IS NOT NULL AND r.flow_id = r.id
+       AND r.state IN ('succeeded', 'failed', 'cancelled') AND r.state = ANY (p_states)
        AND r.finished_at < v_cutoff
-       AND r.flow_id = r.id
      ORDER BY r.finished_at
   LOOP
     EXIT WHEN v_deleted >= p_limit;
