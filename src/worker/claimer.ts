@@ -452,16 +452,25 @@ function anyKeyStatement(s: string): string {
           select l.key from ${s}.limits l where l.key = q.key and ${room(s)} > 0 offset 0) l
         cross join lateral (
           select 1 from ${s}.jobs c
-           where c.limit_key = l.key
-             and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
-                                      where not exists (select 1 from ${s}.queue_pauses p
-                                                         where p.queue = u.name)))
-             and ${readyCondition("c.queue")}
-             and c.task = any($2::text[])
-             and c.id <> all($3::bigint[])
+           where ${keyReadyJob(s, "$3")}
            limit 1) best
         where q.key is not null
         limit 1) as key`;
+}
+
+/**
+ * The condition of a ready job (alias `c`) of limit key `l.key` that this claim may take: in
+ * one of the queues $1 that is not paused, of a task of $2, not among the excluded ids
+ * (parameter `excluded`). Shared by the check for a key with room and the key pick.
+ */
+function keyReadyJob(s: string, excluded: string): string {
+  return `c.limit_key = l.key
+          and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
+                                   where not exists (select 1 from ${s}.queue_pauses p
+                                                      where p.queue = u.name)))
+          and ${readyCondition("c.queue")}
+          and c.task = any($2::text[])
+          and c.id <> all(${excluded}::bigint[])`;
 }
 
 /**
@@ -493,13 +502,7 @@ function limitKeysStatement(s: string): string {
       left join starts on starts.key = l.key
      cross join lateral (
        select c.priority, c.run_at, c.id from ${s}.jobs c
-        where c.limit_key = l.key
-          and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
-                                   where not exists (select 1 from ${s}.queue_pauses p
-                                                      where p.queue = u.name)))
-          and ${readyCondition("c.queue")}
-          and c.task = any($2::text[])
-          and c.id <> all($4::bigint[])
+        where ${keyReadyJob(s, "$4")}
         order by ${claimOrder("c")}
         limit 1) best
      where coalesce(l.max_running - coalesce(running.n, 0), ${never}) > 0
