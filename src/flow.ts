@@ -38,7 +38,7 @@ import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
 export type OnDependencyFailure = "cancel" | "ignore" | "continue";
 
 /** The failure policies, in the order the docs list them. */
-const ON_FAILURE: readonly OnDependencyFailure[] = ["cancel", "ignore", "continue"];
+export const ON_FAILURE: readonly OnDependencyFailure[] = ["cancel", "ignore", "continue"];
 
 /**
  * One dependency of a step: another step of the flow (`step`) or an existing job (`job`,

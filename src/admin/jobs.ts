@@ -20,6 +20,7 @@ import { ACTIVE_STATES, attemptNumber, JOB_STATES, type JobState, stateList } fr
 import { type FieldsOf, fieldsOf, type Same, selectList } from "../job_columns.ts";
 import { checkQueueName, isIntegerIn, LIST_JOBS_MAX, TASK_NAME_MAX } from "../rules.ts";
 import { type AdminOptions, type Database, readTarget, type Session } from "./database.ts";
+import { dependencyOrder } from "../flow.ts";
 
 /**
  * Request the cancellation of a waiting, queued or running job, in the caller's
@@ -548,40 +549,20 @@ async function readFlowSteps(sql: Sql, s: string, flowId: string): Promise<FlowS
     ...fieldsOf("step", r),
     dependsOn: r.depends_on as FlowStepSummary["dependsOn"],
   }));
-  return dependencyOrder(steps);
+  return inDependencyOrder(steps);
 }
 
 /**
- * `steps` (in id order) with each step after the steps of the flow it depends on: ids
- * already are, except a running job's children, which wait for nothing and come before
- * the job that waits for them (a stable sort: ready steps in id order).
+ * `steps` (in id order) with each step after the steps of the flow it depends on (the order
+ * a flow is enqueued in: ids already are, except a running job's children, which come
+ * before the job that waits for them).
  */
-function dependencyOrder(steps: FlowStepSummary[]): FlowStepSummary[] {
+function inDependencyOrder(steps: FlowStepSummary[]): FlowStepSummary[] {
   const byId = new Map(steps.map((step) => [step.id, step]));
-  const pending = new Map<string, number>();
-  const dependents = new Map<string, string[]>();
-  for (const step of steps) {
-    const inFlow = step.dependsOn.filter((d) => byId.has(d.id));
-    pending.set(step.id, inFlow.length);
-    for (const d of inFlow) dependents.set(d.id, [...dependents.get(d.id) ?? [], step.id]);
-  }
-  const out: FlowStepSummary[] = [];
-  const done = new Set<string>();
-  // Repeated passes in id order: each takes the steps whose dependencies are all out.
-  while (out.length < steps.length) {
-    const before = out.length;
-    for (const step of steps) {
-      if (done.has(step.id) || pending.get(step.id)! > 0) continue;
-      done.add(step.id);
-      out.push(step);
-      for (const next of dependents.get(step.id) ?? []) {
-        pending.set(next, pending.get(next)! - 1);
-      }
-    }
-    // A cycle cannot be enqueued; were one there, its steps follow in id order.
-    if (out.length === before) out.push(...steps.filter((step) => !done.has(step.id)));
-  }
-  return out;
+  const deps = new Map(
+    steps.map((step) => [step.id, step.dependsOn.map((d) => d.id).filter((id) => byId.has(id))]),
+  );
+  return dependencyOrder([...byId.keys()], deps).map((id) => byId.get(id)!);
 }
 
 /**

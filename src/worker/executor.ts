@@ -8,7 +8,13 @@
  */
 import type { Akadze } from "../app.ts";
 import { type JobContext, runWithContext } from "../context.ts";
-import { flowError, type FlowStep, type OnDependencyFailure, prepareFlow } from "../flow.ts";
+import {
+  flowError,
+  type FlowStep,
+  ON_FAILURE,
+  type OnDependencyFailure,
+  prepareFlow,
+} from "../flow.ts";
 import {
   type DependencyOutcome,
   readDependencies,
@@ -353,9 +359,11 @@ export class Executor {
   ): Promise<Record<string, string>> {
     const job = state.job;
     const onFailure = options?.onFailure ?? "cancel";
-    if (!["cancel", "ignore", "continue"].includes(onFailure)) {
+    if (!ON_FAILURE.includes(onFailure)) {
       throw new EnqueueError(
-        `onFailure must be "cancel", "ignore" or "continue", got ${JSON.stringify(onFailure)}`,
+        `onFailure must be ${ON_FAILURE.map((p) => `"${p}"`).join(", ")}, got ${
+          JSON.stringify(onFailure)
+        }`,
       );
     }
     const app = this.#app;
