@@ -26,7 +26,7 @@ import type { StandardSchemaV1 } from "./standard_schema.ts";
 import { closeLoopConnections } from "./loop_connection.ts";
 import { type JobDetail, normalizeId } from "./admin/jobs.ts";
 import { JobWaiters, type WaitOptions } from "./wait.ts";
-import { type EnqueuedFlow, enqueueFlow, type FlowHost, flowJobs, type FlowStep } from "./flow.ts";
+import { type EnqueuedFlow, enqueueFlow, flowJobs, type FlowStep } from "./flow.ts";
 import {
   type AnyTask,
   type ArgsInput,
@@ -466,15 +466,7 @@ export class Akadze {
     steps: Record<string, FlowStep>,
     options: { session?: Sql | TransactionSql | NodePostgresClient } = {},
   ): Promise<EnqueuedFlow> {
-    const host: FlowHost = {
-      sql: this.sql,
-      schema: this.schema,
-      notify: this.notify,
-      hooks: this.hooks,
-      maxArgsBytes: this.maxArgsBytes,
-      taskNamed: (name) => this.#tasks.get(name),
-    };
-    return await enqueueFlow(host, steps, options);
+    return await enqueueFlow(this, steps, options);
   }
 
   /**

@@ -88,10 +88,10 @@ export interface EnqueuedFlow {
   jobs: Record<string, string>;
 }
 
-/** What a flow enqueue needs from the app: an enqueue host that knows its tasks. */
+/** What a flow enqueue needs from the app (the app itself): an enqueue host and its tasks. */
 export interface FlowHost extends EnqueueHost {
-  /** The app's task of this name, if any. */
-  taskNamed(name: string): EnqueueTarget | undefined;
+  /** The app's tasks by name. */
+  readonly tasks: ReadonlyMap<string, EnqueueTarget>;
 }
 
 /** A step's keys: its task, arguments and dependencies, and an enqueue's options. */
@@ -260,7 +260,7 @@ async function checkStep(
   const taskName = typeof taskOrName === "string"
     ? taskOrName
     : (taskOrName as { name?: unknown } | undefined)?.name;
-  const target = typeof taskName === "string" ? host.taskNamed(taskName) : undefined;
+  const target = typeof taskName === "string" ? host.tasks.get(taskName) : undefined;
   if (!target) {
     throw new EnqueueError(
       typeof taskName === "string"

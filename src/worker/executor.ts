@@ -367,14 +367,7 @@ export class Executor {
       );
     }
     const app = this.#app;
-    const ordered = await prepareFlow({
-      sql: app.sql,
-      schema: app.schema,
-      notify: app.notify,
-      hooks: app.hooks,
-      maxArgsBytes: app.maxArgsBytes,
-      taskNamed: (name) => app.tasks.get(name),
-    }, steps);
+    const ordered = await prepareFlow(app, steps);
     const s = quoteSchema(app.schema);
     try {
       return await this.#ownedTx(state, "waitForChildren", async (tx, owned) => {
