@@ -57,8 +57,10 @@ export { MigrateError } from "./src/errors.ts";
 export {
   type BulkOptions,
   cancelJobs,
+  type FlowStepSummary,
   getJob,
   type GetJobOptions,
+  type JobError,
   type JobFilter,
   type JobSummary,
   listJobs,

@@ -51,14 +51,8 @@
  */
 
 // The app and its connection.
-export { Akadze, type AkadzeOptions, type PeriodicOptions, type TaskModule } from "./src/app.ts";
-export {
-  connect,
-  type ConnectOptions,
-  isTransientError,
-  type Sql,
-  type TransactionSql,
-} from "./src/db.ts";
+export { Akadze, type AkadzeOptions } from "./src/app.ts";
+export { connect, isTransientError, type Sql, type TransactionSql } from "./src/db.ts";
 
 // Tasks and enqueue.
 export {
@@ -69,15 +63,11 @@ export {
   group,
   type OnDependencyFailure,
 } from "./src/flow.ts";
-export type { DependencyOutcome } from "./src/dependencies.ts";
 export {
-  type AnyTask,
   type ArgsInput,
   type ArgsOutput,
   type Backoff,
   type BoundTask,
-  type EnqueueArgs,
-  type JsonObject,
   Task,
   type TaskHandler,
   type TaskOptions,
@@ -88,17 +78,17 @@ export type { StandardSchemaV1 } from "./src/standard_schema.ts";
 
 // Awaiting a job's result.
 export type { WaitOptions } from "./src/wait.ts";
-export type { FlowStepSummary, JobDetail, JobError } from "./src/admin/jobs.ts";
+export type { JobDetail } from "./src/admin/jobs.ts";
 
 // Schedules.
-export { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./src/schedule.ts";
+export { Schedule, type ScheduleSpec } from "./src/schedule.ts";
 
 // The running job: its context, the hooks, and the outcomes a handler throws.
 export { current, type JobContext } from "./src/context.ts";
-export type { SandboxContext, SandboxHandler, SandboxOptions, SandboxSpec } from "./src/sandbox.ts";
+export type { SandboxContext, SandboxHandler, SandboxSpec } from "./src/sandbox.ts";
 export type { DeadLetter } from "./src/dead_letter.ts";
 export type { EnqueuedJob, Hooks, JobInfo, JobState } from "./src/job.ts";
-export { Cancel, Fail, Retry, type RetryOptions, Snooze } from "./src/errors.ts";
+export { Cancel, Fail, Retry, Snooze } from "./src/errors.ts";
 
 // Errors.
 export {
@@ -110,5 +100,5 @@ export {
 } from "./src/errors.ts";
 
 // The worker.
-export { Worker, type WorkerExit, type WorkerRunOptions } from "./src/worker/worker.ts";
+export { Worker, type WorkerExit } from "./src/worker/worker.ts";
 export type { WorkerConfig, WorkerOptions } from "./src/worker/config.ts";

@@ -11,7 +11,7 @@
 // exit 1 if any failed. See docs/reliability.md.
 import { parseArgs } from "node:util";
 import postgres from "postgres";
-import { Akadze, type AnyTask, DuplicateJob, type FlowStep } from "../mod.ts";
+import { Akadze, DuplicateJob, type FlowStep } from "../mod.ts";
 import { migrate, setLimit } from "../admin.ts";
 import { describeError, isTransientError, redact } from "../src/db.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
@@ -518,7 +518,7 @@ try {
   console.log(`${rel(t0)}  start     ${WORKERS} workers registered; producers and faults on`);
   let next = 0;
   const produceOne = async (batch: Batch): Promise<void> => {
-    const task = app!.tasks.get(TASKS[batch.kind]) as AnyTask;
+    const task = app!.tasks.get(TASKS[batch.kind])!;
     for (;;) {
       try {
         await appSql.begin(async (tx) => {

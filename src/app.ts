@@ -21,7 +21,7 @@ import type { Hooks } from "./job.ts";
 import { isPlainObject } from "./json.ts";
 import { logger } from "./log.ts";
 import { MAX_ARGS_BYTES } from "./rules.ts";
-import { type NamedScheduleSpec, Schedule, type ScheduleSpec } from "./schedule.ts";
+import { Schedule, type ScheduleSpec } from "./schedule.ts";
 import type { StandardSchemaV1 } from "./standard_schema.ts";
 import { closeLoopConnections } from "./loop_connection.ts";
 import { type JobDetail, normalizeId } from "./admin/jobs.ts";
@@ -31,12 +31,10 @@ import {
   type AnyTask,
   type ArgsInput,
   type ArgsOutput,
-  type JsonObject,
   Task,
   type TaskHandler,
   type TaskOptions,
 } from "./task.ts";
-import type { SandboxOptions } from "./sandbox.ts";
 
 /** Options of {@linkcode Akadze}. Durations are milliseconds. */
 export interface AkadzeOptions {
@@ -79,27 +77,6 @@ export interface AkadzeOptions {
    * refused with an `EnqueueError`. Default 1 MiB (1048576).
    */
   maxArgsBytes?: number;
-}
-
-/**
- * Options of `app.periodic`: the schedule (`cron` or `every`, `overlap`, `timezone`,
- * `backfill`, `args` = the arguments of every fire) plus the task options, with the argument schema
- * under `schema` (since `args` holds the values here).
- */
-export type PeriodicOptions<S extends StandardSchemaV1 | undefined = undefined> =
-  & Omit<TaskOptions<S>, "args">
-  & Omit<ScheduleSpec, "name" | "args">
-  & {
-    /** The arguments every fire enqueues. Default `{}`. */
-    args?: Record<string, unknown>;
-    /** A Standard Schema v1 validator of the arguments. */
-    schema?: S;
-  };
-
-/** A module of tasks: `app.include(module)` calls `module.register(app)`. */
-export interface TaskModule {
-  /** Register the module's tasks (and schedules) on the app. */
-  register(app: Akadze): void;
 }
 
 const APP_OPTION_NAMES = new Set([
@@ -151,7 +128,8 @@ export class Akadze {
   /** The largest arguments of one job, bytes of JSON text. */
   readonly maxArgsBytes: number;
   /** Registered tasks by name. */
-  readonly tasks: ReadonlyMap<string, AnyTask>;
+  // deno-lint-ignore no-explicit-any
+  readonly tasks: ReadonlyMap<string, Task<any, any, any>>;
   /** Hook arrays: push functions onto them. */
   readonly hooks: Hooks = { onEnqueue: [], beforeRun: [], afterRun: [], onTransition: [] };
   /** Registered schedules by name. */
@@ -237,7 +215,10 @@ export class Akadze {
    *   ({ a, b }) => a + b);
    * ```
    */
-  task<R>(name: string, handler: TaskHandler<JsonObject, R>): Task<JsonObject, JsonObject, R>;
+  task<R>(
+    name: string,
+    handler: TaskHandler<Record<string, unknown>, R>,
+  ): Task<Record<string, unknown>, Record<string, unknown>, R>;
   /**
    * Register a task with options: an argument schema (`args`), `queue`, `maxAttempts`,
    * `timeout`, `priority`, `backoff`.
@@ -271,7 +252,7 @@ export class Akadze {
    */
   task<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
     name: string,
-    options: TaskOptions<S> & { sandbox: SandboxOptions },
+    options: TaskOptions<S> & Required<Pick<TaskOptions<S>, "sandbox">>,
   ): Task<ArgsInput<S>, ArgsOutput<S>, R>;
   task(
     name: string,
@@ -308,7 +289,9 @@ export class Akadze {
   }
 
   /**
-   * Call `module.register(this)`: split tasks over modules without import side effects.
+   * Call `module.register(this)`: split tasks over modules without import side effects. A
+   * module of tasks is anything with a `register(app)` function: a module's namespace, or
+   * an object.
    *
    * @example
    * ```ts ignore
@@ -316,7 +299,7 @@ export class Akadze {
    * app.include(mail);
    * ```
    */
-  include(module: TaskModule): this {
+  include(module: { register(app: Akadze): void }): this {
     if (typeof (module as { register?: unknown } | null)?.register !== "function") {
       throw new AkadzeError("include(module): the module must export a register(app) function");
     }
@@ -326,6 +309,9 @@ export class Akadze {
 
   /**
    * Register a task and a schedule that fires it (Celery beat's job, inside every worker).
+   * The options are the schedule's (`cron` or `every`, `overlap`, `timezone`, `backfill`,
+   * `args` = the arguments of every fire) plus the task's, with the argument schema under
+   * `schema` (since `args` holds the values here).
    *
    * @example
    * ```ts ignore
@@ -336,7 +322,15 @@ export class Akadze {
    */
   periodic<S extends StandardSchemaV1 | undefined = undefined, R = unknown>(
     name: string,
-    options: PeriodicOptions<S>,
+    options:
+      & Omit<TaskOptions<S>, "args">
+      & Omit<ScheduleSpec, "name" | "args">
+      & {
+        /** The arguments every fire enqueues. Default `{}`. */
+        args?: Record<string, unknown>;
+        /** A Standard Schema v1 validator of the arguments. */
+        schema?: S;
+      },
     handler: TaskHandler<ArgsOutput<S>, R>,
   ): Task<ArgsInput<S>, ArgsOutput<S>, R> {
     if (!isPlainObject(options)) {
@@ -382,7 +376,8 @@ export class Akadze {
   }
 
   /**
-   * Add several schedules; all are validated before any is added.
+   * Add several schedules, each a {@linkcode ScheduleSpec} plus `task`, the name of the
+   * registered task it fires; all are validated before any is added.
    *
    * @example
    * ```ts ignore
@@ -392,7 +387,7 @@ export class Akadze {
    * ]);
    * ```
    */
-  addSchedules(specs: readonly NamedScheduleSpec[]): Schedule[] {
+  addSchedules(specs: readonly (ScheduleSpec & { task: string })[]): Schedule[] {
     if (!Array.isArray(specs)) throw new AkadzeError("addSchedules takes an array of specs");
     const names = new Set<string>();
     for (const { task: taskName, ...spec } of specs) {

@@ -7,8 +7,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { TransactionSql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
-import type { JobInfo } from "./job.ts";
-import type { DependencyOutcome } from "./dependencies.ts";
+import type { JobInfo, JobState } from "./job.ts";
 import type { FlowStep, OnDependencyFailure } from "./flow.ts";
 
 /** What a running job can see and do. */
@@ -40,7 +39,25 @@ export interface JobContext {
    * name (a job outside this job's flow by its id): state, result and last error. Read from
    * the database on each call.
    */
-  dependencies(): Promise<Record<string, DependencyOutcome>>;
+  dependencies(): Promise<
+    Record<string, {
+      /** Its job id. */
+      readonly id: string;
+      /** Its step name in the flow, or null for a job outside it. */
+      readonly step: string | null;
+      /** Its task. */
+      readonly task: string;
+      /**
+       * Its state: `succeeded`, `failed` or `cancelled` (a step that ignores failures, or
+       * continues after one, sees them; with `continue` the others may still be unfinished).
+       */
+      readonly state: JobState;
+      /** Its result (null unless it succeeded). */
+      readonly result: unknown;
+      /** Its last error (name and message), or null. */
+      readonly error: { readonly error: string; readonly message: string } | null;
+    }>
+  >;
   /**
    * The result of the dependency that ran `task`, typed as that task's handler returns it
    * (`step` names it when several dependencies ran the task). Throws an `AkadzeError` when

@@ -17,25 +17,7 @@ export type Sql = postgres.Sql;
 /** A postgres.js transaction handle, as given to `sql.begin` callbacks. */
 export type TransactionSql = postgres.TransactionSql;
 
-/** Options of {@linkcode connect}. */
-export interface ConnectOptions {
-  /** Pool size. Default 10. */
-  max?: number;
-  /** Use prepared statements. Default false, so a PgBouncer in transaction mode can sit in front. */
-  prepare?: boolean;
-  /** `application_name` reported to the server. Default `"akadze"`. */
-  applicationName?: string;
-  /** Seconds an idle connection stays open. Default 30. */
-  idleTimeout?: number;
-  /**
-   * Seconds a connection attempt may take, through the startup handshake, before the query
-   * waiting for it fails. Default {@linkcode CONNECT_TIMEOUT_DEFAULT}, or the URL's
-   * `connect_timeout` parameter when it has one.
-   */
-  connectTimeout?: number;
-}
-
-/** Seconds a connection attempt may take by default (see `ConnectOptions.connectTimeout`). */
+/** Seconds a connection attempt may take by default (see `connect`'s `connectTimeout`). */
 export const CONNECT_TIMEOUT_DEFAULT = 10;
 
 /**
@@ -64,7 +46,25 @@ export const DEFAULT_SCHEMA = "akadze";
  * await sql.end();
  * ```
  */
-export function connect(databaseUrl: string, options: ConnectOptions = {}): Sql {
+export function connect(
+  databaseUrl: string,
+  options: {
+    /** Pool size. Default 10. */
+    max?: number;
+    /** Use prepared statements. Default false, so a PgBouncer in transaction mode can sit in front. */
+    prepare?: boolean;
+    /** `application_name` reported to the server. Default `"akadze"`. */
+    applicationName?: string;
+    /** Seconds an idle connection stays open. Default 30. */
+    idleTimeout?: number;
+    /**
+     * Seconds a connection attempt may take, through the startup handshake, before the query
+     * waiting for it fails. Default 10, or the URL's `connect_timeout` parameter when it has
+     * one.
+     */
+    connectTimeout?: number;
+  } = {},
+): Sql {
   if (typeof databaseUrl !== "string" || !/^postgres(ql)?:\/\//.test(databaseUrl)) {
     throw new AkadzeError("databaseUrl must be a postgres:// or postgresql:// URL");
   }
@@ -116,7 +116,7 @@ function checkPorts(hosts: string): void {
   }
 }
 
-function newPool(databaseUrl: string, options: ConnectOptions): Sql {
+function newPool(databaseUrl: string, options: NonNullable<Parameters<typeof connect>[1]>): Sql {
   return postgres(databaseUrl, {
     ...(urlHasUser(databaseUrl) ? {} : { user: defaultUser() }),
     max: options.max ?? 10,

@@ -6,26 +6,10 @@
  */
 import { quoteSchema, type Sql } from "./db.ts";
 import { AkadzeError } from "./errors.ts";
-import type { JobState } from "./job.ts";
+import type { JobContext } from "./context.ts";
 
-/** The outcome of one dependency, as a dependent's handler sees it. */
-export interface DependencyOutcome {
-  /** Its job id. */
-  readonly id: string;
-  /** Its step name in the flow, or null for a job outside it. */
-  readonly step: string | null;
-  /** Its task. */
-  readonly task: string;
-  /**
-   * Its state: `succeeded`, `failed` or `cancelled` (a step that ignores failures, or
-   * continues after one, sees them; with `continue` the others may still be unfinished).
-   */
-  readonly state: JobState;
-  /** Its result (null unless it succeeded). */
-  readonly result: unknown;
-  /** Its last error (name and message), or null. */
-  readonly error: { readonly error: string; readonly message: string } | null;
-}
+/** The outcome of one dependency, as a dependent's handler sees it (`ctx.dependencies()`). */
+export type DependencyOutcome = Awaited<ReturnType<JobContext["dependencies"]>>[string];
 
 /** A task, as far as {@linkcode resultOf} needs it: its name and its handler's result type. */
 export interface ResultSource<R> {

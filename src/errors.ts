@@ -190,12 +190,6 @@ export function controlKind(error: unknown): "Retry" | "Snooze" | "Fail" | "Canc
     : undefined;
 }
 
-/** Options of {@linkcode Retry}. */
-export interface RetryOptions {
-  /** Milliseconds until the next attempt (0 to 365 days); default: the task's backoff. */
-  delay?: number;
-}
-
 /**
  * Thrown by a handler (or anything it calls): retry the job, spending an attempt. When no
  * attempts remain the job ends `failed`.
@@ -210,7 +204,10 @@ export class Retry extends Error {
   /** Milliseconds until the next attempt, or undefined for the task's backoff. */
   readonly delay: number | undefined;
   /** Create a retry request, optionally with its delay. */
-  constructor(options: RetryOptions = {}) {
+  constructor(options: {
+    /** Milliseconds until the next attempt (0 to 365 days); default: the task's backoff. */
+    delay?: number;
+  } = {}) {
     super(options.delay === undefined ? "retry requested" : `retry in ${options.delay} ms`);
     this.name = "Retry";
     Object.defineProperty(this, CONTROL, { value: "Retry" });

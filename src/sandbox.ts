@@ -5,34 +5,10 @@
  *
  * @module
  */
-import type { DependencyOutcome } from "./dependencies.ts";
+import type { JobContext } from "./context.ts";
 import { AkadzeError } from "./errors.ts";
 import type { JobInfo } from "./job.ts";
 import { isPlainObject } from "./json.ts";
-
-/**
- * How a task runs isolated: `module` (its URL, e.g. `import.meta.resolve("./render.ts")`)
- * exports the handler; it runs in a pool of Web Workers, with its own Deno permissions.
- */
-export interface SandboxOptions {
-  /** The absolute URL of the module that exports the handler: `import.meta.resolve("./x.ts")`. */
-  module: string;
-  /** The name of the handler's export. Default `"default"`. */
-  export?: string;
-  /**
-   * How many threads the task may use at once in one worker, 1..1024; runs beyond that
-   * wait (in their slot) for a free thread. Default: one per running job of the task.
-   */
-  pool?: number;
-  /**
-   * The Deno permissions of the threads (`Deno.PermissionOptions`: `"inherit"`, `"none"`
-   * or e.g. `{ read: ["/srv/uploads"] }`, where a permission left out is denied). Default
-   * `"inherit"`: the worker's own. Anything else needs Deno's `--unstable-worker-options`
-   * flag (or `"unstable": ["worker-options"]` in deno.json), and cannot exceed what the
-   * worker itself may do.
-   */
-  permissions?: Deno.PermissionOptions;
-}
 
 /**
  * What a sandboxed handler gets beside its arguments: the job, the abort signal, the
@@ -57,7 +33,7 @@ export interface SandboxContext {
    * The outcomes of the jobs this one depends on, as `JobContext.dependencies` gives them
    * (read by the worker as the run starts).
    */
-  dependencies(): Promise<Record<string, DependencyOutcome>>;
+  dependencies(): ReturnType<JobContext["dependencies"]>;
   /** The result of the dependency that ran `task`, as `JobContext.resultOf` gives it. */
   resultOf<R>(
     task: { readonly name: string; readonly handler: (...args: never[]) => R },

@@ -10,7 +10,7 @@ import { Cron } from "croner";
 import { AkadzeError } from "./errors.ts";
 import { isPlainObject, jsonProblem } from "./json.ts";
 import { formatIssues, OWN_OUTPUT_ADVICE, ownOutputProblem } from "./standard_schema.ts";
-import type { AnyTask } from "./task.ts";
+import type { AnyTask, Task } from "./task.ts";
 
 /** When and how a schedule fires. Exactly one of `cron` and `every`. */
 export interface ScheduleSpec {
@@ -34,12 +34,6 @@ export interface ScheduleSpec {
   args?: Record<string, unknown>;
   /** The schedule's name (unique in the app). Default: the task name. */
   name?: string;
-}
-
-/** A named schedule spec, for `app.addSchedules([...])`: `task` names the registered task. */
-export interface NamedScheduleSpec extends ScheduleSpec {
-  /** The registered task to fire. */
-  task: string;
 }
 
 const SPEC_NAMES = new Set(["cron", "every", "overlap", "timezone", "backfill", "args", "name"]);
@@ -78,7 +72,8 @@ export class Schedule {
   /** Unique name (the `periodic_runs.name`). */
   readonly name: string;
   /** The task it fires. */
-  readonly task: AnyTask;
+  // deno-lint-ignore no-explicit-any
+  readonly task: Task<any, any, any>;
   /** Cron expression, when cron-based. */
   readonly cron: string | undefined;
   /** Interval in ms, when interval-based. */
@@ -99,7 +94,8 @@ export class Schedule {
    * @param task The registered task to fire.
    * @param spec When and how.
    */
-  constructor(task: AnyTask, spec: ScheduleSpec) {
+  // deno-lint-ignore no-explicit-any
+  constructor(task: Task<any, any, any>, spec: ScheduleSpec) {
     const name = spec.name ?? task.name;
     const where = `schedule "${name}"`;
     if (!isPlainObject(spec)) throw new AkadzeError(`${where}: the spec must be an object`);

@@ -8,7 +8,7 @@ import type { JobContext } from "./context.ts";
 import { type EnqueueHost, enqueueJobs, type EnqueueOptions } from "./enqueue.ts";
 import { AkadzeError, EnqueueError } from "./errors.ts";
 import { isPlainObject } from "./json.ts";
-import { checkSandbox, type SandboxOptions, type SandboxSpec } from "./sandbox.ts";
+import { checkSandbox, type SandboxSpec } from "./sandbox.ts";
 import {
   INT4_MAX,
   isMaxAttempts,
@@ -26,17 +26,14 @@ import { isStandardSchema, type StandardSchemaV1 } from "./standard_schema.ts";
 // deno-lint-ignore no-explicit-any
 export type AnyTask = Task<any, any, any>;
 
-/** Task arguments without a schema: any JSON object. */
-export type JsonObject = Record<string, unknown>;
-
 /** The arguments a caller passes to enqueue for a schema (or a JSON object without one). */
 export type ArgsInput<S> = S extends StandardSchemaV1
   ? NonNullable<S["~standard"]["types"]>["input"]
-  : JsonObject;
+  : Record<string, unknown>;
 /** The arguments a handler receives for a schema (or a JSON object without one). */
 export type ArgsOutput<S> = S extends StandardSchemaV1
   ? NonNullable<S["~standard"]["types"]>["output"]
-  : JsonObject;
+  : Record<string, unknown>;
 
 /**
  * Decides the delay before the next attempt: milliseconds, or null to stop retrying and
@@ -62,7 +59,25 @@ export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined>
    * Run the handler isolated, in a pool of Web Workers: the handler is the export of a
    * module (`sandbox.module`), given instead of a handler function. See docs/isolation.md.
    */
-  sandbox?: SandboxOptions;
+  sandbox?: {
+    /** The absolute URL of the module that exports the handler: `import.meta.resolve("./x.ts")`. */
+    module: string;
+    /** The name of the handler's export. Default `"default"`. */
+    export?: string;
+    /**
+     * How many threads the task may use at once in one worker, 1..1024; runs beyond that
+     * wait (in their slot) for a free thread. Default: one per running job of the task.
+     */
+    pool?: number;
+    /**
+     * The Deno permissions of the threads (`Deno.PermissionOptions`: `"inherit"`, `"none"`
+     * or e.g. `{ read: ["/srv/uploads"] }`, where a permission left out is denied). Default
+     * `"inherit"`: the worker's own. Anything else needs Deno's `--unstable-worker-options`
+     * flag (or `"unstable": ["worker-options"]` in deno.json), and cannot exceed what the
+     * worker itself may do.
+     */
+    permissions?: Deno.PermissionOptions;
+  };
   /**
    * Where this task's jobs go when they fail for good (no attempts left, `Fail`, a lost run
    * on the last attempt): the name of another task, whose job gets the failed job's id,
@@ -76,13 +91,15 @@ export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined>
 /** A task handler: gets the (validated) arguments and the job context. */
 export type TaskHandler<A, R> = (args: A, ctx: JobContext) => R | Promise<R>;
 
-/** The arguments of `enqueue`: optional when the task takes none that are required. */
-export type EnqueueArgs<In> = Record<PropertyKey, never> extends In ? [args?: In] : [args: In];
-
 /** Enqueue methods bound to a set of {@linkcode EnqueueOptions}. */
 export interface BoundTask<In> {
-  /** Enqueue one job; resolves to its id (a decimal string). */
-  enqueue(...args: EnqueueArgs<In>): Promise<string>;
+  /**
+   * Enqueue one job; resolves to its id (a decimal string). The arguments may be left out
+   * when the task requires none.
+   */
+  enqueue(
+    ...args: Record<PropertyKey, never> extends In ? [args?: In] : [args: In]
+  ): Promise<string>;
   /** Enqueue one job per element in one statement; resolves to their ids, in order. */
   enqueueMany(argsList: readonly In[]): Promise<string[]>;
 }
@@ -110,7 +127,7 @@ const TIMEOUT_MAX = INT4_MAX;
  * const id = await hello.enqueue({ name: "ada" });
  * ```
  */
-export class Task<In = JsonObject, Out = In, R = unknown> {
+export class Task<In = Record<string, unknown>, Out = In, R = unknown> {
   /** The task name. */
   readonly name: string;
   /** The default queue. */
@@ -244,7 +261,7 @@ export class Task<In = JsonObject, Out = In, R = unknown> {
    * const id = await hello.enqueue({ name: "ada" });
    * ```
    */
-  enqueue(...args: EnqueueArgs<In>): Promise<string> {
+  enqueue(...args: Parameters<BoundTask<In>["enqueue"]>): Promise<string> {
     return this.using({}).enqueue(...args);
   }
 

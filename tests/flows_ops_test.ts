@@ -6,7 +6,7 @@ import type { Akadze } from "../src/app.ts";
 import { cancelJobs, getJob, listJobs, requeueJobs } from "../src/admin/jobs.ts";
 import { pruneJobs } from "../src/admin/prune.ts";
 import type { Sql } from "../src/db.ts";
-import type { JsonObject, Task } from "../src/task.ts";
+import type { Task } from "../src/task.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { pruneStatements } from "../src/old_jobs.ts";
 import { Pruner } from "../src/worker/pruner.ts";
@@ -29,7 +29,7 @@ async function drain(app: Akadze): Promise<void> {
   assertEquals(exit.reason, "batch_done");
 }
 
-const steps = new WeakMap<Akadze, Task<JsonObject, JsonObject, string>>();
+const steps = new WeakMap<Akadze, Task<Record<string, unknown>, Record<string, unknown>, string>>();
 
 /** A diamond a → (b, c) → d of task "step", and a plain job beside it. */
 async function diamond(app: Akadze) {

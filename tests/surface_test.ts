@@ -13,7 +13,7 @@ const ROOT = new URL("..", import.meta.url);
  * API of tasks, flows, sandboxed tasks, dead letters, the running job, outcomes, errors and
  * the worker.
  */
-const ROOT_MAX = 62;
+const ROOT_MAX = 49;
 /** Helpers of akadze's own code that no entry point exports. */
 const PLUMBING = [
   "DEFAULT_SCHEMA",

@@ -31,11 +31,11 @@ import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Slots } from "./slots.ts";
 import { Wake } from "./wake.ts";
-import { fatalExit, type WorkerExit, type WorkerRunOptions } from "./worker_exit.ts";
+import { fatalExit, type WorkerExit } from "./worker_exit.ts";
 import { type MetricsServer, serveWorkerMetrics } from "./metrics_server.ts";
 import { WorkerMetrics } from "./worker_metrics.ts";
 
-export type { WorkerExit, WorkerRunOptions } from "./worker_exit.ts";
+export type { WorkerExit } from "./worker_exit.ts";
 
 /** The longest wait after a failed loop pass (ms); it doubles from 250 per failure. */
 const DB_BACKOFF_MAX = 30_000;
@@ -229,7 +229,10 @@ export class Worker {
    * if (exit.code !== 0) console.error(exit.reason, exit.message);
    * ```
    */
-  async run(options: WorkerRunOptions = {}): Promise<WorkerExit> {
+  async run(options: {
+    /** Aborting it starts a graceful stop, like `worker.stop()`. */
+    signal?: AbortSignal;
+  } = {}): Promise<WorkerExit> {
     if (this.#running) throw new AkadzeError("this worker is already running");
     this.#running = true;
     let metricsServer: MetricsServer | null;

@@ -1,6 +1,5 @@
 /**
- * How a worker's run ends: {@linkcode WorkerExit}, the options of `worker.run()`, and the
- * exit of a fatal database error.
+ * How a worker's run ends: {@linkcode WorkerExit}, and the exit of a fatal database error.
  *
  * @module
  */
@@ -14,12 +13,6 @@ export interface WorkerExit {
   reason: "stopped" | "batch_done" | "max_jobs" | "heartbeat_lost" | "fatal";
   /** For `fatal` and `heartbeat_lost`: what went wrong (credential-free). */
   message?: string;
-}
-
-/** Options of `worker.run()`. */
-export interface WorkerRunOptions {
-  /** Aborting it starts a graceful stop, like `worker.stop()`. */
-  signal?: AbortSignal;
 }
 
 /** The exit of a database error the worker cannot retry (code 1, credential-free). */
