@@ -254,7 +254,8 @@ export class Task<In = Record<string, unknown>, Out = In, R = unknown> {
   }
 
   /**
-   * Enqueue one job in its own implicit transaction on the app's pool.
+   * Enqueue one job in its own implicit transaction on the app's pool. The arguments may be
+   * left out when the task requires none.
    *
    * @example
    * ```ts ignore
