@@ -431,6 +431,33 @@ Deno.test("one outcome batch finishing several dependencies counts each down onc
   });
 });
 
+Deno.test("an outcome batch finishing a fan-in's siblings updates the waiting job once", async () => {
+  await withApp("flows_batch_once", async (_app, sql) => {
+    const [sink] = await sql`select id::text as id from akadze.enqueue_flow('[
+      {"name": "a", "task": "t"}, {"name": "b", "task": "t"}, {"name": "c", "task": "t"},
+      {"name": "d", "task": "t"},
+      {"name": "sink", "task": "t", "depends_on": ["a", "b", "c", "d"]}]') where step = 'sink'`;
+    const claimed = await sql`select id, run_count
+      from akadze.claim_one('default', '{t}', 4, '{}', 'w1')`;
+    const updates = await sql.begin(async (tx) => {
+      // The counts not yet flushed to the statistics: earlier statements' too, so a difference.
+      const tupleUpdates = async () =>
+        (await tx`select n_tup_upd::int as n from pg_stat_xact_user_tables
+          where relid = 'akadze.jobs'::regclass`)[0].n as number;
+      const before = await tupleUpdates();
+      await tx`select * from akadze.complete_jobs(
+        ${claimed.map((r) => r.id)}::bigint[], ${claimed.map((r) => r.run_count)}::int[],
+        '{succeeded,succeeded,succeeded,succeeded}', '{null,null,null,null}',
+        '{null,null,null,null}', '{0,0,0,0}')`;
+      return (await tupleUpdates()) - before;
+    });
+    // The four siblings' rows, and the waiting job's once (not once per sibling).
+    assertEquals(updates, 5);
+    const [row] = await sql`select state from akadze.jobs where id = ${sink.id}`;
+    assertEquals(row.state, "queued");
+  });
+});
+
 Deno.test("chain, group and chord build flows as Celery's canvas does", async () => {
   await withApp("flows_canvas", async (app, sql) => {
     const order: string[] = [];
