@@ -18,6 +18,7 @@ import flowOps from "../migrations/0011_flow_ops.sql" with { type: "text" };
 import attemptWorkerDeadLetters from "../migrations/0012_attempt_worker_dead_letters.sql" with {
   type: "text",
 };
+import flowSpeed from "../migrations/0014_flow_speed.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -62,6 +63,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0010_trace_context", sql: traceContext },
   { version: "0011_flow_ops", sql: flowOps },
   { version: "0012_attempt_worker_dead_letters", sql: attemptWorkerDeadLetters },
+  { version: "0014_flow_speed", sql: flowSpeed },
 ];
 
 /** Options of {@linkcode migrate}. */

@@ -394,6 +394,70 @@ Deno.test("siblings finishing together in several workers queue their dependent 
   });
 });
 
+Deno.test("one outcome batch finishing several dependencies counts each down once, beside failures settled per job", async () => {
+  await withApp("flows_batch", async (_app, sql) => {
+    const steps = await sql`select step, id::text as id from akadze.enqueue_flow('[
+      {"name": "a", "task": "t"}, {"name": "b", "task": "t"}, {"name": "c", "task": "t"},
+      {"name": "d", "task": "t", "max_attempts": 1},
+      {"name": "sink", "task": "t", "depends_on": ["a", "b", "c"]},
+      {"name": "ignoring", "task": "t", "depends_on": ["a", {"step": "d", "on_failure": "ignore"}]},
+      {"name": "cancelled", "task": "t", "depends_on": ["b", "d"]}]')`;
+    const ids = Object.fromEntries(steps.map((r) => [r.step as string, r.id as string]));
+    const claimed = await sql`select id::text as id, run_count
+      from akadze.claim_one('default', '{t}', 4, '{}', 'w1')`;
+    assertEquals(claimed.length, 4);
+    const runCount = new Map(claimed.map((r) => [r.id as string, r.run_count as number]));
+    const write = (names: string[], kinds: string[]) =>
+      sql`select * from akadze.complete_jobs(
+        ${names.map((n) => ids[n])}::bigint[], ${names.map((n) => runCount.get(ids[n])!)}::int[],
+        ${kinds}::text[], ${kinds.map(() => null)}::text[],
+        ${kinds.map((k) => k === "fail" ? '{"error":"E","message":"m"}' : null)}::text[],
+        ${kinds.map(() => 0)}::float8[])`;
+    await write(["a", "b", "d"], ["succeeded", "succeeded", "fail"]);
+    assertEquals(await states(sql, ids), {
+      a: "succeeded",
+      b: "succeeded",
+      c: "running",
+      d: "failed",
+      sink: "waiting",
+      ignoring: "queued",
+      cancelled: "cancelled",
+    });
+    const [waiting] = await sql`select pending_deps from akadze.jobs where id = ${ids.sink}`;
+    assertEquals(waiting.pending_deps, 1);
+    await write(["c"], ["succeeded"]);
+    const [sink] = await sql`select state, pending_deps from akadze.jobs where id = ${ids.sink}`;
+    assertEquals([sink.state, sink.pending_deps], ["queued", 0]);
+  });
+});
+
+Deno.test("an outcome batch finishing a fan-in's siblings updates the waiting job once", async () => {
+  await withApp("flows_batch_once", async (_app, sql) => {
+    const [sink] = await sql`select id::text as id from akadze.enqueue_flow('[
+      {"name": "a", "task": "t"}, {"name": "b", "task": "t"}, {"name": "c", "task": "t"},
+      {"name": "d", "task": "t"},
+      {"name": "sink", "task": "t", "depends_on": ["a", "b", "c", "d"]}]') where step = 'sink'`;
+    const claimed = await sql`select id, run_count
+      from akadze.claim_one('default', '{t}', 4, '{}', 'w1')`;
+    const updates = await sql.begin(async (tx) => {
+      // The counts not yet flushed to the statistics: earlier statements' too, so a difference.
+      const tupleUpdates = async () =>
+        (await tx`select n_tup_upd::int as n from pg_stat_xact_user_tables
+          where relid = 'akadze.jobs'::regclass`)[0].n as number;
+      const before = await tupleUpdates();
+      await tx`select * from akadze.complete_jobs(
+        ${claimed.map((r) => r.id)}::bigint[], ${claimed.map((r) => r.run_count)}::int[],
+        '{succeeded,succeeded,succeeded,succeeded}', '{null,null,null,null}',
+        '{null,null,null,null}', '{0,0,0,0}')`;
+      return (await tupleUpdates()) - before;
+    });
+    // The four siblings' rows, and the waiting job's once (not once per sibling).
+    assertEquals(updates, 5);
+    const [row] = await sql`select state from akadze.jobs where id = ${sink.id}`;
+    assertEquals(row.state, "queued");
+  });
+});
+
 Deno.test("chain, group and chord build flows as Celery's canvas does", async () => {
   await withApp("flows_canvas", async (app, sql) => {
     const order: string[] = [];

@@ -74,6 +74,16 @@ Deno.test("akadze's functions call no shadowing function or operator of the call
       const settled = await sql`select step, state from akadze.jobs
         where step is not null order by step`;
       assertEquals(settled.map((r) => r.state), ["failed", "cancelled", "queued"]);
+      // A success in an outcome batch (0014): the batch counts its dependent down itself.
+      const pair = await hostile`select step, id from akadze.enqueue_flow('[
+        {"name": "x", "task": "u"}, {"name": "y", "task": "u", "depends_on": ["x"]}]')`;
+      const [x] = await hostile`
+        select id, run_count from akadze.claim_one('default', '{u}', 1, '{}', 'w1')`;
+      await hostile`select * from akadze.complete_jobs(${[x.id]}::bigint[],
+        ${[x.run_count]}::int[], '{succeeded}', '{"{}"}', '{null}', '{0}')`;
+      const [y] = await sql`select state from akadze.jobs
+        where id = ${pair.find((s) => s.step === "y")!.id}`;
+      assertEquals(y.state, "queued");
     } finally {
       await hostile.end({ timeout: 1 });
     }
