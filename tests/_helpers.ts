@@ -134,12 +134,32 @@ export async function waitFor<T>(
 }
 
 /**
+ * What this environment says about reaching the network: a child that downloads npm
+ * packages behind a proxy (or a TLS proxy with its own certificate authority) needs it.
+ */
+const NETWORK_ENV = [
+  "DENO_TLS_CA_STORE",
+  "DENO_CERT",
+  "SSL_CERT_FILE",
+  "SSL_CERT_DIR",
+  "NPM_CONFIG_REGISTRY",
+  "HTTP_PROXY",
+  "HTTPS_PROXY",
+  "NO_PROXY",
+  "http_proxy",
+  "https_proxy",
+  "no_proxy",
+];
+
+/**
  * What a test's child process needs from this environment (never AKADZE_DATABASE_URL:
  * each test passes its own).
  */
 export function passthroughEnv(): Record<string, string> {
   const keep: Record<string, string> = {};
-  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR", "AKADZE_TEST_POSTGRES"]) {
+  for (
+    const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR", "AKADZE_TEST_POSTGRES", ...NETWORK_ENV]
+  ) {
     const value = Deno.env.get(name);
     if (value !== undefined) keep[name] = value;
   }

@@ -26,7 +26,7 @@ import { renderMetrics } from "../src/metrics.ts";
 import { assertEnqueued } from "../src/testing.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assertEquals, assertMatch, assertRejects, assertThrows } from "./assert.ts";
-import { withApp, withDatabase } from "./_helpers.ts";
+import { passthroughEnv, withApp, withDatabase } from "./_helpers.ts";
 
 const TABLES = [
   "jobs",
@@ -608,11 +608,7 @@ async function runAll(
 ): Promise<string[]> {
   const wrong: string[] = [];
   const queue = [...cases];
-  const passthrough: Record<string, string> = {};
-  for (const name of ["HOME", "PATH", "DENO_DIR", "TMPDIR"]) {
-    const value = Deno.env.get(name);
-    if (value !== undefined) passthrough[name] = value;
-  }
+  const passthrough = passthroughEnv();
   await Promise.all(Array.from({ length: 6 }, async () => {
     for (let c = queue.shift(); c; c = queue.shift()) {
       const [args, code, pattern] = c;
