@@ -7,13 +7,14 @@
 //                   [--single 1000] [--samples 300] [--warmup 100] [--retained 1000000]
 //                   [--idle 30] [--latency-worker in-process|process]
 //                   [--timeout 900] [--entries akadze,graphile,...] [--pg name=value]...
+//                   [--rtt MS]   # every system reaches the server through a delay of MS round trip
 //   deno task bench --smoke     # N=200, 1 round, akadze only, writes nothing unless --out
 //   deno task bench --scenario horizon [...]   # the pinned-horizon scenario, bench/horizon.ts
 //   deno task bench --scenario flows [...]     # dependent jobs, bench/flows.ts
 //   deno task bench --scenario limits [...]    # limit keys at speed, bench/limits.ts
 import postgres from "postgres";
 import { migrate } from "../admin.ts";
-import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/throwaway_postgres.ts";
+import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import type { DriverSpec } from "./akadze/driver.ts";
 import type { WorkerSpec } from "./akadze/worker.ts";
 import { release, runDriver, track, wasInterrupted } from "./lib/children.ts";
@@ -28,6 +29,7 @@ import {
   postgresInfo,
 } from "./lib/machine.ts";
 import { ensurePeers, NODE, PEERS_DIR, peersLine } from "./lib/peers.ts";
+import { type RemoteServer, startRemote } from "./lib/remote.ts";
 import { CLK_TCK, cpuMs, postgresCpuMs, readPostmasterPid } from "./lib/proc.ts";
 import {
   cell,
@@ -71,6 +73,8 @@ interface Flags {
   pg: Record<string, string>;
   /** Another checkout of akadze (e.g. main): its akadze entries run too, as `base-KEY`. */
   base?: string;
+  /** The database a round trip of this many ms away (0: on the same host, no delay). */
+  rtt: number;
 }
 
 function usage(message: string): never {
@@ -80,7 +84,8 @@ function usage(message: string): never {
       "       [--only akadze|graphile|pgboss|bullmq[,...]]\n" +
       "       [--out FILE.json] [--single K] [--samples S] [--warmup W] [--retained M]\n" +
       "       [--idle SECONDS] [--latency-worker in-process|process]" +
-      " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]... [--base DIR]",
+      " [--timeout SECONDS] [--entries KEY,...] [--pg name=value]... [--base DIR]" +
+      " [--rtt MS]",
   );
   Deno.exit(2);
 }
@@ -101,6 +106,7 @@ function parseFlags(args: string[]): Flags {
     idle: smoke ? 0 : 30,
     timeout: 900,
     pg: {},
+    rtt: 0,
   };
   let onlyGiven = false;
   for (let i = 0; i < args.length; i++) {
@@ -174,6 +180,15 @@ function parseFlags(args: string[]): Flags {
       case "--base":
         flags.base = value().replace(/\/$/, "");
         break;
+      case "--rtt": {
+        const v = value();
+        const ms = Number(v);
+        if (!Number.isFinite(ms) || ms < 0 || ms > 100) {
+          usage(`--rtt takes 0 to 100 (ms), got ${v}`);
+        }
+        flags.rtt = ms;
+        break;
+      }
       case "--pg": {
         const v = value();
         const eq = v.indexOf("=");
@@ -376,14 +391,14 @@ async function runEntry(
   entry: Entry,
   round: number,
   flags: Flags,
-  server: ThrowawayPostgres,
+  serverUrl: string,
   admin: postgres.Sql,
   postmasterPid: number,
 ): Promise<RunRecord> {
   const db = `bench_r${round}_${entry.key.replaceAll("-", "_")}`;
   await admin.unsafe(`drop database if exists "${db}" with (force)`);
   await admin.unsafe(`create database "${db}"`);
-  const url = server.url.replace(/\/postgres$/, `/${db}`);
+  const url = serverUrl.replace(/\/postgres$/, `/${db}`);
   const machine0 = await machineCpu();
   const pg0 = await postgresCpuMs(postmasterPid);
   const own0 = await ownTreeCpuMs();
@@ -477,14 +492,14 @@ async function runEntry(
 
 async function idleCpu(
   flags: Flags,
-  server: ThrowawayPostgres,
+  serverUrl: string,
   admin: postgres.Sql,
   postmasterPid: number,
 ) {
   const db = "bench_idle";
   await admin.unsafe(`drop database if exists "${db}" with (force)`);
   await admin.unsafe(`create database "${db}"`);
-  const url = server.url.replace(/\/postgres$/, `/${db}`);
+  const url = serverUrl.replace(/\/postgres$/, `/${db}`);
   await migrate(url);
   const c = AKADZE_CONFIGS[0];
   const spec: WorkerSpec = { url, mode: "idle", n: 0, app: c.app, worker: c.worker };
@@ -692,6 +707,16 @@ function markdown(report: Report): string {
     "",
   );
   if (report.peers) lines.push(peersLine(report.peers), "");
+  const rtt = report.params.rtt;
+  if (rtt) {
+    lines.push(
+      `The database ${rtt.ms} ms round trip away: every system connects through a TCP proxy ` +
+        `that delays each direction by ${rtt.ms / 2} ms (bench/lib/delay_proxy.py); \`select 1\` ` +
+        `took ${fmt(rtt.proxied_ms, 2)} ms through it and ${fmt(rtt.direct_ms, 2)} ms straight ` +
+        `(medians of 200).`,
+      "",
+    );
+  }
   lines.push(`| metric | ${shown.map((e) => e.label).join(" | ")} |`);
   lines.push(`|---|${shown.map(() => "---:").join("|")}|`);
   for (
@@ -779,6 +804,8 @@ interface Report {
     latencyWorker: "in-process" | "process";
     retained: number;
     idle: number;
+    /** The round trip every system's connections paid, and what `select 1` measured. */
+    rtt?: { ms: number; proxied_ms: number; direct_ms: number };
   };
   entries: Entry[];
   rounds: { round: number; runs: RunRecord[] }[];
@@ -803,7 +830,17 @@ async function main(): Promise<number> {
   const server = await startThrowawayPostgres({ durable: true, settings: flags.pg });
   const admin = postgres(server.url, { max: 1, onnotice: () => {} });
   const errors: string[] = [];
+  let remote: RemoteServer | undefined;
   try {
+    if (flags.rtt > 0) {
+      remote = await startRemote(server.url, flags.rtt);
+      console.error(
+        `every system connects through a ${flags.rtt} ms round-trip delay: select 1 takes ` +
+          `${fmt(remote.measured.proxied_ms, 2)} ms through it, ` +
+          `${fmt(remote.measured.direct_ms, 2)} ms straight (medians)`,
+      );
+    }
+    const clientUrl = remote?.url ?? server.url;
     const [{ dir }] = await admin`select current_setting('data_directory') as dir`;
     const postmasterPid = await readPostmasterPid(dir);
     const machine = await machineInfo(dir.replace(/\/data$/, ""));
@@ -820,7 +857,7 @@ async function main(): Promise<number> {
       for (const entry of order) {
         if (wasInterrupted()) break;
         console.error(`round ${round}/${flags.rounds}: ${entry.label} ...`);
-        const record = await runEntry(entry, round, flags, server, admin, postmasterPid);
+        const record = await runEntry(entry, round, flags, clientUrl, admin, postmasterPid);
         runs.push(record);
         if (record.ok) {
           const x = record.metrics!;
@@ -863,7 +900,7 @@ async function main(): Promise<number> {
     if (flags.idle > 0 && flags.only.has("akadze") && !wasInterrupted()) {
       console.error(`idle akadze worker, ${flags.idle} s ...`);
       try {
-        idle = await idleCpu(flags, server, admin, postmasterPid);
+        idle = await idleCpu(flags, clientUrl, admin, postmasterPid);
         console.error(`  ${fmt(idle.worker_cpu_ms)} ms CPU (${fmt(idle.worker_cpu_pct, 2)} %)`);
       } catch (error) {
         errors.push(`idle: ${error instanceof Error ? error.message : error}`);
@@ -891,6 +928,7 @@ async function main(): Promise<number> {
         latencyWorker: flags.latencyWorker,
         retained: flags.retained,
         idle: flags.idle,
+        ...(remote ? { rtt: { ms: remote.rttMs, ...remote.measured } } : {}),
       },
       entries,
       rounds,
@@ -915,6 +953,7 @@ async function main(): Promise<number> {
     }
     return errors.length ? 1 : 0;
   } finally {
+    remote?.stop();
     await admin.end({ timeout: 1 });
     await server.stop();
   }
