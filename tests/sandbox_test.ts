@@ -134,7 +134,12 @@ Deno.test("requestCancel of a running sandboxed busy loop ends it cancelled; the
 
         const file = `${dir}/reason`;
         const watched = await watch.enqueue({ file });
-        await waitForJob(sql, watched, (r) => r.state === "running");
+        // Running in the database is not yet listening in the thread (a thread starts and
+        // loads the module first, which a loaded machine can make take over a second).
+        await waitFor(
+          () => Deno.stat(`${file}.listening`).then(() => true, () => false),
+          "the handler listening for the abort",
+        );
         await requestCancel(sql, watched);
         await waitForJob(sql, watched, ended);
         assertEquals((await row(sql, watched)).state, "cancelled");
