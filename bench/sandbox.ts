@@ -6,7 +6,9 @@
 //   - "no-op in loop" / "no-op sandboxed": N no-op jobs, slots 32 (the sandboxed task's pool
 //     is one thread per running job, so up to 32 threads, started in each run: a worker
 //     stops its threads when its run ends);
-//   - "cpu in loop" / "cpu sandboxed, pool 2": CPU jobs each spinning `--spin` ms, slots 2.
+//   - "no-op in 4 processes": the same with `isolation: "process"`, a pool of 4 processes;
+//   - "cpu in loop" / "cpu sandboxed, pool 2" / "cpu in processes, pool 2": CPU jobs each
+//     spinning `--spin` ms, slots 2.
 // Prints jobs/s per variant (median of the rounds) and the speed-up of the CPU set.
 import { Akadze, Worker } from "../mod.ts";
 import { migrate } from "../admin.ts";
@@ -27,6 +29,14 @@ try {
   const noopBox = app.task("noop_box", {
     queue: "noop_box",
     sandbox: { module: HANDLERS, export: "noop" },
+  });
+  const noopProcess = app.task("noop_process", {
+    queue: "noop_process",
+    sandbox: { module: HANDLERS, export: "noop", isolation: "process", pool: 4 },
+  });
+  const cpuProcess = app.task("cpu_process", {
+    queue: "cpu_process",
+    sandbox: { module: HANDLERS, export: "spin", isolation: "process", pool: 2 },
   });
   const spin = (ms: number) => {
     const end = performance.now() + ms;
@@ -57,17 +67,29 @@ try {
   const variants: [string, number, () => Promise<number>][] = [
     ["no-op in loop", N, () => drain("noop", 32, () => noop.enqueueMany(args(N, {})))],
     ["no-op sandboxed", N, () => drain("noop_box", 32, () => noopBox.enqueueMany(args(N, {})))],
+    [
+      "no-op in 4 processes",
+      N,
+      () => drain("noop_process", 32, () => noopProcess.enqueueMany(args(N, {}))),
+    ],
     ["cpu in loop", CPU, () => drain("cpu", 2, () => cpu.enqueueMany(args(CPU, { ms: SPIN })))],
     [
       "cpu sandboxed, pool 2",
       CPU,
       () => drain("cpu_box", 2, () => cpuBox.enqueueMany(args(CPU, { ms: SPIN }))),
     ],
+    [
+      "cpu in processes, pool 2",
+      CPU,
+      () => drain("cpu_process", 2, () => cpuProcess.enqueueMany(args(CPU, { ms: SPIN }))),
+    ],
   ];
   // Warm-up: a small run of each (modules loaded and compiled, statements planned).
   await drain("noop_box", 32, () => noopBox.enqueueMany(args(50, {})));
   await drain("cpu_box", 2, () => cpuBox.enqueueMany(args(2, { ms: 1 })));
   await drain("noop", 32, () => noop.enqueueMany(args(50, {})));
+  await drain("noop_process", 32, () => noopProcess.enqueueMany(args(50, {})));
+  await drain("cpu_process", 2, () => cpuProcess.enqueueMany(args(2, { ms: 1 })));
   const rates = new Map<string, number[]>();
   for (let round = 0; round < ROUNDS; round++) {
     for (const [name, n, run] of variants) {
@@ -85,6 +107,9 @@ try {
   }
   const speedup = median(rates.get("cpu sandboxed, pool 2")!) / median(rates.get("cpu in loop")!);
   console.log(`cpu speed-up with a pool of 2: ${speedup.toFixed(2)}x (${SPIN} ms a job)`);
+  const processSpeedup = median(rates.get("cpu in processes, pool 2")!) /
+    median(rates.get("cpu in loop")!);
+  console.log(`cpu speed-up with 2 processes: ${processSpeedup.toFixed(2)}x`);
   await app.close();
 } finally {
   await server.stop();

@@ -1,7 +1,7 @@
 /**
  * Sandboxed tasks: a task whose handler runs in a pool of Web Workers (threads of the
- * worker process) instead of on the worker's event loop. What a task declares, and the
- * context its handler gets there.
+ * worker process) or of subprocesses instead of on the worker's event loop. What a task
+ * declares, and the context its handler gets there.
  *
  * @module
  */
@@ -67,11 +67,17 @@ export interface SandboxSpec {
   readonly export: string;
   /** The most threads at once, or null for one per running job. */
   readonly pool: number | null;
-  /** The threads' permissions. */
+  /** The threads' (or processes') permissions. */
   readonly permissions: Deno.PermissionOptions;
+  /** Threads of the worker process, or processes of their own. */
+  readonly isolation: "thread" | "process";
+  /** The V8 heap cap of each process (MiB), or null for V8's default; processes only. */
+  readonly maxHeapMb: number | null;
 }
 
-const SANDBOX_OPTION_NAMES = ["module", "export", "pool", "permissions"];
+const SANDBOX_OPTION_NAMES = ["module", "export", "pool", "permissions", "isolation", "maxHeapMb"];
+/** The smallest and largest heap cap a sandbox process may be given, MiB. */
+export const SANDBOX_HEAP_MB = { min: 16, max: 1_048_576 } as const;
 /** The most threads one sandboxed task may use in one worker. */
 export const SANDBOX_POOL_MAX = 1024;
 
@@ -89,10 +95,14 @@ export function checkSandbox(options: unknown, where: string): SandboxSpec {
       );
     }
   }
-  const { module, export: name = "default", pool, permissions = "inherit" } = options as Record<
-    string,
-    unknown
-  >;
+  const {
+    module,
+    export: name = "default",
+    pool,
+    permissions = "inherit",
+    isolation = "thread",
+    maxHeapMb,
+  } = options as Record<string, unknown>;
   let url: URL | null = null;
   try {
     url = typeof module === "string" ? new URL(module) : null;
@@ -121,10 +131,33 @@ export function checkSandbox(options: unknown, where: string): SandboxSpec {
       `${where}: sandbox.permissions must be "inherit", "none" or an object of Deno permissions`,
     );
   }
+  if (isolation !== "thread" && isolation !== "process") {
+    throw new AkadzeError(
+      `${where}: sandbox.isolation must be "thread" or "process", got ${JSON.stringify(isolation)}`,
+    );
+  }
+  if (maxHeapMb !== undefined) {
+    if (isolation !== "process") {
+      throw new AkadzeError(
+        `${where}: sandbox.maxHeapMb needs isolation: "process" (a thread's heap cannot be capped)`,
+      );
+    }
+    if (
+      typeof maxHeapMb !== "number" || !Number.isInteger(maxHeapMb) ||
+      maxHeapMb < SANDBOX_HEAP_MB.min || maxHeapMb > SANDBOX_HEAP_MB.max
+    ) {
+      throw new AkadzeError(
+        `${where}: sandbox.maxHeapMb must be an integer from ${SANDBOX_HEAP_MB.min} to ` +
+          `${SANDBOX_HEAP_MB.max} (MiB), got ${maxHeapMb}`,
+      );
+    }
+  }
   return {
     module: url.href,
     export: name,
     pool: pool ?? null,
     permissions: permissions as Deno.PermissionOptions,
+    isolation,
+    maxHeapMb: (maxHeapMb as number | undefined) ?? null,
   };
 }

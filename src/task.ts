@@ -56,8 +56,9 @@ export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined>
   /** Override the default backoff (`min(2^(attempt-1) s, 300 s)` ± 10 %). */
   backoff?: Backoff;
   /**
-   * Run the handler isolated, in a pool of Web Workers: the handler is the export of a
-   * module (`sandbox.module`), given instead of a handler function. See docs/isolation.md.
+   * Run the handler isolated, in a pool of Web Workers or of subprocesses: the handler is
+   * the export of a module (`sandbox.module`), given instead of a handler function. See
+   * docs/isolation.md.
    */
   sandbox?: {
     /** The absolute URL of the module that exports the handler: `import.meta.resolve("./x.ts")`. */
@@ -77,6 +78,14 @@ export interface TaskOptions<S extends StandardSchemaV1 | undefined = undefined>
      * worker itself may do.
      */
     permissions?: Deno.PermissionOptions;
+    /**
+     * `"thread"` (default): Web Workers of the worker process. `"process"`: a `deno run`
+     * subprocess each, for a heap cap (`maxHeapMb`) and for crashes that take a whole
+     * process down (running out of memory, a native crash); the worker needs `--allow-run`.
+     */
+    isolation?: "thread" | "process";
+    /** The V8 heap cap of each sandbox process, MiB (16..1048576); `isolation: "process"` only. */
+    maxHeapMb?: number;
   };
   /**
    * Where this task's jobs go when they fail for good (no attempts left, `Fail`, a lost run

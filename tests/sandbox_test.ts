@@ -1,14 +1,13 @@
 // Sandboxed tasks: handlers that run in a pool of Web Workers. A CPU-bound one succeeds
 // while the worker's loop, heartbeat and other slots go on; timeout and cancel terminate
 // its thread; a crash inside fails only that job; permissions hold inside the sandbox.
-import type { Sql } from "../src/db.ts";
 import { requestCancel } from "../src/admin/jobs.ts";
 import { Akadze } from "../src/app.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { assert, assertEquals, assertMatch, assertThrows } from "./assert.ts";
 import { startWorker, waitFor, waitForJob, withApp, withLogs } from "./_helpers.ts";
+import { ended, HANDLERS, row, withTempDir } from "./_sandbox.ts";
 
-const HANDLERS = import.meta.resolve("./fixtures/sandbox_handlers.ts");
 /** A short lease: a handler blocking the loop this long would lose its job. */
 const SCALED = {
   heartbeatInterval: 250,
@@ -18,35 +17,6 @@ const SCALED = {
   schedules: false,
   slots: 4,
 } as const;
-
-type Entry = { error: string; message: string };
-type Row = {
-  state: string;
-  attempt: number;
-  run_count: number;
-  errors: Entry[] | null;
-  result: unknown;
-  progress: unknown;
-};
-
-async function row(sql: Sql, id: string): Promise<Row> {
-  const [r] = await sql`select state, attempt, run_count, errors, result, progress
-    from akadze.jobs where id = ${id}`;
-  return r as unknown as Row;
-}
-
-function ended(r: Record<string, unknown>): boolean {
-  return ["succeeded", "failed", "cancelled"].includes(r.state as string);
-}
-
-async function withTempDir(fn: (dir: string) => Promise<void>): Promise<void> {
-  const dir = await Deno.makeTempDir({ prefix: "akadze_sandbox_" });
-  try {
-    await fn(dir);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-}
 
 Deno.test("a CPU-bound sandboxed task spinning past the heartbeat TTL succeeds on its first run while in-loop jobs run and the heartbeat goes on", async () => {
   await withLogs(async (records) => {
@@ -324,12 +294,22 @@ Deno.test("a sandboxed task is declared with a module URL and no handler; bad de
     export: "noop",
     pool: 2,
     permissions: "inherit",
+    isolation: "thread",
+    maxHeapMb: null,
   });
+  const capped = { module: HANDLERS, isolation: "process", maxHeapMb: 64 } as const;
+  assertEquals(app.task("capped", { sandbox: capped }).sandbox?.maxHeapMb, 64);
   const refused: [unknown, RegExp][] = [
     [{ module: "./relative.ts" }, /absolute URL of a module/],
     [{ module: HANDLERS, pool: 0 }, /pool must be an integer from 1/],
     [{ module: HANDLERS, threads: 2 }, /unknown sandbox option "threads"/],
     [{ module: HANDLERS, permissions: 7 }, /permissions must be/],
+    [
+      { module: HANDLERS, isolation: "fork" },
+      /isolation must be "thread" or "process", got "fork"/,
+    ],
+    [{ module: HANDLERS, maxHeapMb: 64 }, /maxHeapMb needs isolation: "process"/],
+    [{ ...capped, maxHeapMb: 8 }, /maxHeapMb must be an integer from 16 to 1048576 \(MiB\), got 8/],
   ];
   for (const [sandbox, message] of refused) {
     const error = assertThrows(() => app.task("bad", { sandbox } as never));

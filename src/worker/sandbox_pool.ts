@@ -1,9 +1,11 @@
 /**
- * The threads of one sandboxed task in one worker: Web Workers that each run one job at a
- * time (sandbox_thread.ts). A run that is aborted (timeout, cancel, shutdown) gets its
- * signal aborted in the thread, then the thread is terminated and replaced if the run has
- * not ended within {@linkcode SANDBOX_ABORT_GRACE}; a thread that crashes (an uncaught
- * error, `Deno.exit`) fails its run with a {@linkcode SandboxCrashed} error and is replaced.
+ * The sandboxes of one sandboxed task in one worker: Web Workers (sandbox_thread.ts) or
+ * `deno run` subprocesses (sandbox_process.ts), each running one job at a time. A run that
+ * is aborted (timeout, cancel, shutdown) gets its signal aborted in the sandbox, then the
+ * sandbox is terminated and replaced if the run has not ended within
+ * {@linkcode SANDBOX_ABORT_GRACE}; a sandbox that crashes (an uncaught error, `Deno.exit`,
+ * a process that runs out of memory or is killed) fails its run with a
+ * {@linkcode SANDBOX_CRASHED} error and is replaced.
  *
  * @module
  */
@@ -12,17 +14,20 @@ import type { JobInfo } from "../job.ts";
 import type { SandboxSpec } from "../sandbox.ts";
 import type { DependencyOutcome } from "../dependencies.ts";
 import {
+  type AbortMessage,
   type DependenciesMessage,
   type RunMessage,
   sendableError,
   type SentError,
   type ThreadMessage,
 } from "./sandbox_thread.ts";
+import { decodeMessage, encodeMessage } from "./sandbox_process.ts";
 
 /** Milliseconds an aborted run's thread may take to end before it is terminated. */
 export const SANDBOX_ABORT_GRACE = 1_000;
 
 const THREAD_MODULE = import.meta.resolve("./sandbox_thread.ts");
+const PROCESS_MODULE = import.meta.resolve("./sandbox_process.ts");
 
 /** One job for a thread. */
 export interface SandboxRequest {
@@ -56,13 +61,25 @@ interface Listener {
   crash(error: Error): void;
 }
 
+/** One sandbox: a thread or a process, running one job at a time. */
+interface Sandbox {
+  /** The current run's listener, or null when idle. */
+  listener: Listener | null;
+  /** Whether it crashed or was terminated. */
+  readonly dead: boolean;
+  /** Send a message to the sandbox. */
+  post(message: RunMessage | DependenciesMessage | AbortMessage): void;
+  /** Stop it now, whatever it does. */
+  terminate(): void;
+}
+
 /** One Web Worker. */
-class Thread {
+class Thread implements Sandbox {
   readonly worker: Worker;
   listener: Listener | null = null;
   dead = false;
 
-  constructor(entry: string, spec: SandboxSpec, name: string, onDeath: (t: Thread) => void) {
+  constructor(entry: string, spec: SandboxSpec, name: string, onDeath: (t: Sandbox) => void) {
     const options: WorkerOptions = { type: "module", name };
     // Only a restriction needs Deno's worker options ("inherit" is the default without them).
     if (spec.permissions !== "inherit") options.deno = { permissions: spec.permissions };
@@ -83,20 +100,21 @@ class Thread {
           message.close
             ? "the handler closed its thread (close())"
             : `the handler exited its thread with code ${message.code} (Deno.exit(${message.code}))`,
+          "thread",
         ));
       } else this.listener?.message(message);
     };
     this.worker.onerror = (event) => {
       // Handled here: unhandled, it would end the whole worker process.
       event.preventDefault();
-      die(crashed(`the handler's thread stopped on an error: ${event.message}`));
+      die(crashed(`the handler's thread stopped on an error: ${event.message}`, "thread"));
     };
     this.worker.onmessageerror = () => {
-      die(crashed("a message from the handler's thread could not be read"));
+      die(crashed("a message from the handler's thread could not be read", "thread"));
     };
   }
 
-  post(message: RunMessage | DependenciesMessage | { type: "abort"; reason: SentError }): void {
+  post(message: RunMessage | DependenciesMessage | AbortMessage): void {
     this.worker.postMessage(message);
   }
 
@@ -107,25 +125,173 @@ class Thread {
   }
 }
 
-/** The threads of one sandboxed task. */
+/** One `deno run` subprocess, messages as lines of its standard input and output. */
+class Subprocess implements Sandbox {
+  readonly #child: Deno.ChildProcess;
+  #input: WritableStreamDefaultWriter<Uint8Array>;
+  #writing: Promise<void> = Promise.resolve();
+  listener: Listener | null = null;
+  dead = false;
+
+  constructor(args: string[], spec: SandboxSpec, onDeath: (t: Sandbox) => void) {
+    this.#child = new Deno.Command(Deno.execPath(), {
+      args,
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    this.#input = this.#child.stdin.getWriter();
+    let outOfMemory = false;
+    const stdout = forwardLines(this.#child.stdout, (line) => {
+      const message = decodeMessage(line) as ThreadMessage | undefined;
+      if (message === undefined) writeLine(Deno.stdout, line);
+      else this.listener?.message(message);
+    });
+    const stderr = forwardLines(this.#child.stderr, (line) => {
+      if (/out of memory/i.test(line)) outOfMemory = true;
+      writeLine(Deno.stderr, line);
+    });
+    Promise.all([this.#child.status, stdout, stderr]).then(([status]) => {
+      if (this.dead) return;
+      this.dead = true;
+      const listener = this.listener;
+      this.listener = null;
+      onDeath(this);
+      const how = outOfMemory
+        ? `ran out of memory${spec.maxHeapMb === null ? "" : ` (maxHeapMb ${spec.maxHeapMb})`}`
+        : status.signal
+        ? `was killed by ${status.signal}`
+        : `exited with code ${status.code}`;
+      listener?.crash(crashed(`the handler's process ${how}`, "process"));
+    });
+  }
+
+  post(message: RunMessage | DependenciesMessage | AbortMessage): void {
+    const bytes = new TextEncoder().encode(encodeMessage(message) + "\n");
+    // In order; a process that is gone has its run ended by its exit, not by this write.
+    this.#writing = this.#writing.then(() => this.#input.write(bytes)).catch(() => {});
+  }
+
+  terminate(): void {
+    this.dead = true;
+    this.listener = null;
+    try {
+      this.#child.kill("SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
+}
+
+/** Call `onLine` with each line of `stream` (the last one too); resolves at its end. */
+async function forwardLines(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+): Promise<void> {
+  let buffer = "";
+  try {
+    for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
+      buffer += chunk;
+      for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
+        onLine(buffer.slice(0, nl));
+        buffer = buffer.slice(nl + 1);
+      }
+    }
+  } catch {
+    // The process was killed mid-write: what was read is all there is.
+  }
+  if (buffer) onLine(buffer);
+}
+
+/** Pass a sandbox process's line on to this process's own output. */
+function writeLine(to: { writeSync(p: Uint8Array): number }, line: string): void {
+  const bytes = new TextEncoder().encode(line + "\n");
+  try {
+    for (let at = 0; at < bytes.length;) at += to.writeSync(bytes.subarray(at));
+  } catch {
+    // An output that is closed loses the handler's print, not the run.
+  }
+}
+
+/**
+ * The `deno run` arguments of a sandbox process: its permissions as flags, the heap cap,
+ * the deno.json nearest the handler's module (its import map), then the entry.
+ */
+function processArgs(spec: SandboxSpec, entry: string): string[] {
+  const args = ["run", "--no-prompt", ...permissionFlags(spec.permissions)];
+  if (spec.maxHeapMb !== null) args.push(`--v8-flags=--max-old-space-size=${spec.maxHeapMb}`);
+  const config = nearestConfig(spec.module);
+  if (config) args.push("--config", config);
+  args.push(entry);
+  return args;
+}
+
+const PERMISSION_KINDS = ["env", "ffi", "net", "read", "run", "sys", "write", "import"] as const;
+
+/** `Deno.PermissionOptions` as `deno run` flags; "inherit" is what this process has whole. */
+function permissionFlags(permissions: Deno.PermissionOptions): string[] {
+  if (permissions === "none") return [];
+  const flags: string[] = [];
+  for (const kind of PERMISSION_KINDS) {
+    const value = permissions === "inherit"
+      ? "inherit"
+      : (permissions as Record<string, unknown>)[kind];
+    if (value === true) flags.push(`--allow-${kind}`);
+    else if (Array.isArray(value) && value.length > 0) {
+      const list = value.map((v) =>
+        v instanceof URL
+          ? (v.protocol === "file:" ? decodeURIComponent(v.pathname) : v.host)
+          : String(v)
+      );
+      flags.push(`--allow-${kind}=${list.join(",")}`);
+    } else if (value === "inherit" && kind !== "import") {
+      const state = Deno.permissions.querySync({ name: kind } as Deno.PermissionDescriptor).state;
+      if (state === "granted") flags.push(`--allow-${kind}`);
+    }
+  }
+  return flags;
+}
+
+/** The deno.json (or deno.jsonc) in the directory of a file module or above it, if any. */
+function nearestConfig(module: string): string | null {
+  const url = new URL(module);
+  if (url.protocol !== "file:") return null;
+  let dir = decodeURIComponent(url.pathname).replace(/\/[^/]*$/, "");
+  for (;;) {
+    for (const name of ["deno.json", "deno.jsonc"]) {
+      try {
+        if (Deno.statSync(`${dir}/${name}`).isFile) return `${dir}/${name}`;
+      } catch {
+        // not there, or not readable: look further up
+      }
+    }
+    if (dir === "" || dir === "/") return null;
+    dir = dir.replace(/\/[^/]*$/, "");
+  }
+}
+
+/** The sandboxes of one sandboxed task. */
 export class SandboxPool {
   #spec: SandboxSpec;
   #task: string;
   #entry: string;
-  #idle: Thread[] = [];
-  #all = new Set<Thread>();
+  #idle: Sandbox[] = [];
+  #all = new Set<Sandbox>();
   #count = 0;
-  #waiting: { take: (thread: Thread) => void }[] = [];
+  #waiting: { take: (thread: Sandbox) => void }[] = [];
   #closed = false;
 
   /** A pool for `task`; threads start on demand. */
   constructor(task: string, spec: SandboxSpec) {
     this.#spec = spec;
     this.#task = task;
+    const [serveModule, serve] = spec.isolation === "process"
+      ? [PROCESS_MODULE, "serveProcess"]
+      : [THREAD_MODULE, "serve"];
     this.#entry = "data:application/javascript," + encodeURIComponent(
-      `import { serve } from ${JSON.stringify(THREAD_MODULE)};\n` +
+      `import { ${serve} } from ${JSON.stringify(serveModule)};\n` +
         `import * as handlers from ${JSON.stringify(spec.module)};\n` +
-        "serve(handlers);\n",
+        `${serve}(handlers);\n`,
     );
   }
 
@@ -217,7 +383,7 @@ export class SandboxPool {
     this.#count = 0;
   }
 
-  #acquire(signal: AbortSignal): Promise<Thread> {
+  #acquire(signal: AbortSignal): Promise<Sandbox> {
     const idle = this.#idle.pop();
     if (idle) return Promise.resolve(idle);
     if (this.#spec.pool === null || this.#count < this.#spec.pool) {
@@ -225,7 +391,7 @@ export class SandboxPool {
     }
     return new Promise((resolve, reject) => {
       const waiter = {
-        take: (thread: Thread) => {
+        take: (thread: Sandbox) => {
           signal.removeEventListener("abort", onAbort);
           resolve(thread);
         },
@@ -239,19 +405,21 @@ export class SandboxPool {
     });
   }
 
-  #spawn(): Thread {
+  #spawn(): Sandbox {
     this.#count++;
-    const name = `akadze sandbox ${this.#task}`;
-    const thread = new Thread(this.#entry, this.#spec, name, (thread) => {
+    const onDeath = (thread: Sandbox) => {
       const at = this.#idle.indexOf(thread);
       if (at >= 0) this.#idle.splice(at, 1);
       this.#died(thread);
-    });
+    };
+    const thread = this.#spec.isolation === "process"
+      ? new Subprocess(processArgs(this.#spec, this.#entry), this.#spec, onDeath)
+      : new Thread(this.#entry, this.#spec, `akadze sandbox ${this.#task}`, onDeath);
     this.#all.add(thread);
     return thread;
   }
 
-  #release(thread: Thread): void {
+  #release(thread: Sandbox): void {
     if (thread.dead) return;
     const waiter = this.#waiting.shift();
     if (waiter) waiter.take(thread);
@@ -260,7 +428,7 @@ export class SandboxPool {
   }
 
   /** A thread is gone: a run waiting for one gets a new one. */
-  #died(thread: Thread): void {
+  #died(thread: Sandbox): void {
     if (!this.#all.delete(thread)) return;
     this.#count--;
     const waiter = this.#waiting.shift();
@@ -268,9 +436,9 @@ export class SandboxPool {
   }
 }
 
-function crashed(what: string): Error {
+function crashed(what: string, kind: "thread" | "process"): Error {
   return Object.assign(
-    new Error(`${what}; the run failed and its sandbox thread was replaced`),
+    new Error(`${what}; the run failed and its sandbox ${kind} was replaced`),
     { name: SANDBOX_CRASHED },
   );
 }

@@ -96,13 +96,7 @@ export function sendableError(error: unknown): SentError {
   }
 }
 
-const scope = globalThis as unknown as {
-  postMessage(message: ThreadMessage): void;
-  close(): void;
-  onmessage:
-    | ((event: MessageEvent<RunMessage | AbortMessage | DependenciesMessage>) => void)
-    | null;
-};
+const scope = globalThis as unknown as SandboxPort & { close(): void };
 
 // Deno.exit (or process.exit, or close()) in a Web Worker stops the thread without a word to
 // its parent: say it first, with the exit code.
@@ -131,7 +125,21 @@ if ("WorkerGlobalScope" in globalThis) {
 }
 
 /**
- * Serve runs with the exports of `module` as their handlers (each run names its export).
+ * How a sandbox and the worker exchange messages: a thread's own scope, or a process's
+ * standard input and output (sandbox_process.ts).
+ */
+export interface SandboxPort {
+  /** Send a message to the worker. */
+  postMessage(message: ThreadMessage): void;
+  /** Set by {@linkcode serve}: called with each message from the worker. */
+  onmessage:
+    | ((event: { data: RunMessage | AbortMessage | DependenciesMessage }) => void)
+    | null;
+}
+
+/**
+ * Serve runs with the exports of `module` as their handlers (each run names its export),
+ * over `port` (default: the thread's scope).
  *
  * @example
  * ```ts ignore
@@ -139,11 +147,11 @@ if ("WorkerGlobalScope" in globalThis) {
  * serve(handlers);
  * ```
  */
-export function serve(module: Record<string, unknown>): void {
+export function serve(module: Record<string, unknown>, port: SandboxPort = scope): void {
   let controller: AbortController | null = null;
   // The running job's dependencies, settled by the worker's "dependencies" message.
   let dependencies = Promise.withResolvers<Record<string, DependencyOutcome>>();
-  scope.onmessage = (event) => {
+  port.onmessage = (event) => {
     const message = event.data;
     if (message.type === "abort") {
       controller?.abort(Object.assign(new Error(message.reason.message), {
@@ -173,7 +181,7 @@ export function serve(module: Record<string, unknown>): void {
       remaining: () => deadline === null ? null : Math.max(0, deadline.getTime() - Date.now()),
       progress(value: unknown) {
         progressText(value); // throws here, in the handler, for a value that cannot be stored
-        scope.postMessage({ type: "progress", value });
+        port.postMessage({ type: "progress", value });
       },
       completeTx() {
         throw new AkadzeError(
@@ -195,9 +203,9 @@ export function serve(module: Record<string, unknown>): void {
     const finish = (reply: ThreadMessage) => {
       if (controller === run) controller = null;
       try {
-        scope.postMessage(reply);
+        port.postMessage(reply);
       } catch (error) {
-        scope.postMessage({
+        port.postMessage({
           type: "done",
           ok: false,
           error: {

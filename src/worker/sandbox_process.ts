@@ -1,0 +1,83 @@
+/**
+ * The inside of a sandbox process (`isolation: "process"`): the same runs as a sandbox
+ * thread (sandbox_thread.ts), with the messages as lines of the process's standard input
+ * and output. The process's entry imports this module, then the handler's module, then
+ * calls {@linkcode serveProcess}.
+ *
+ * A message line starts with {@linkcode MESSAGE_PREFIX}; whatever else the handler prints
+ * on standard output is passed on to the worker's. Messages are JSON, with dates kept as
+ * dates (a job's times, arguments a schema turned into dates).
+ *
+ * @module
+ */
+import type {
+  AbortMessage,
+  DependenciesMessage,
+  RunMessage,
+  ThreadMessage,
+} from "./sandbox_thread.ts";
+import { type SandboxPort, serve } from "./sandbox_thread.ts";
+
+/** What starts a message line (a record separator and a name, unlikely in printed text). */
+export const MESSAGE_PREFIX = "\x1eakadze ";
+
+const DATE_KEY = "$akadzeDate";
+
+/** A message as one line of text (without the newline), dates kept. */
+export function encodeMessage(message: unknown): string {
+  return MESSAGE_PREFIX + JSON.stringify(message, function (this: unknown, key, value) {
+    // The replacer sees a Date after its toJSON: look at the holder's own value.
+    const raw = (this as Record<string, unknown>)[key];
+    return raw instanceof Date ? { [DATE_KEY]: raw.toISOString() } : value;
+  });
+}
+
+/** The message of a line of {@linkcode encodeMessage}, or undefined for any other line. */
+export function decodeMessage(line: string): unknown {
+  if (!line.startsWith(MESSAGE_PREFIX)) return undefined;
+  return JSON.parse(line.slice(MESSAGE_PREFIX.length), (_key, value) => {
+    if (
+      value !== null && typeof value === "object" && !Array.isArray(value) &&
+      typeof value[DATE_KEY] === "string" && Object.keys(value).length === 1
+    ) {
+      return new Date(value[DATE_KEY]);
+    }
+    return value;
+  });
+}
+
+/**
+ * Serve runs with the exports of `module` over standard input and output; the process
+ * exits when its input ends (the worker is gone).
+ *
+ * @example
+ * ```ts ignore
+ * import * as handlers from "./render.ts";
+ * serveProcess(handlers);
+ * ```
+ */
+export function serveProcess(module: Record<string, unknown>): void {
+  const encoder = new TextEncoder();
+  const port: SandboxPort = {
+    postMessage(message: ThreadMessage) {
+      // Written at once and whole: a Deno.exit right after a result must not lose it.
+      const bytes = encoder.encode(encodeMessage(message) + "\n");
+      for (let at = 0; at < bytes.length;) at += Deno.stdout.writeSync(bytes.subarray(at));
+    },
+    onmessage: null,
+  };
+  serve(module, port);
+  (async () => {
+    let buffer = "";
+    for await (const chunk of Deno.stdin.readable.pipeThrough(new TextDecoderStream())) {
+      buffer += chunk;
+      for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
+        const line = buffer.slice(0, nl);
+        buffer = buffer.slice(nl + 1);
+        const data = decodeMessage(line) as RunMessage | AbortMessage | DependenciesMessage;
+        if (data !== undefined) port.onmessage?.({ data });
+      }
+    }
+    Deno.exit(0);
+  })();
+}
