@@ -28,6 +28,7 @@ import { DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob } from "./job.ts";
 import { isPlainObject } from "./json.ts";
 import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
+import { tracePublish } from "./tracing.ts";
 
 /**
  * What a failed or cancelled dependency does to the step that depends on it: `"cancel"`
@@ -146,8 +147,10 @@ export async function enqueueFlow(
     );
   }
   const s = quoteSchema(host.schema);
-  const text = `select step, id::text as id from ${s}.enqueue_flow($1::text::jsonb)`;
-  const params = [JSON.stringify(ordered)];
+  const text =
+    `select step, id::text as id from ${s}.enqueue_flow($1::text::jsonb, null, $2::text::jsonb)`;
+  // The trace context (JSON text) is the enqueue span's, set below when tracing is on.
+  const params: (string | null)[] = [JSON.stringify(ordered), null];
   const hooks = host.hooks.onEnqueue;
   const run = async (
     tx: Sql | TransactionSql | NodePostgresClient,
@@ -184,14 +187,21 @@ export async function enqueueFlow(
     return rows;
   };
   const session = options.session ?? host.sql;
-  let rows: Record<string, unknown>[];
+  let rows: Record<string, unknown>[] = [];
+  const distinct = (key: "task" | "queue") =>
+    [...new Set((ordered as SqlStep[]).map((step) => step[key]))].join(",");
+  const target = { task: distinct("task"), queue: distinct("queue"), count: ordered.length };
   try {
-    rows = await explainMissingSchema(
-      host.schema,
-      () => hooks.length === 0 ? run(session) : atomically(session as Sql, run),
-      EnqueueError,
-      "cannot enqueue this flow: ",
-    );
+    await tracePublish(target, async (traceContext) => {
+      params[1] = traceContext;
+      rows = await explainMissingSchema(
+        host.schema,
+        () => hooks.length === 0 ? run(session) : atomically(session as Sql, run),
+        EnqueueError,
+        "cannot enqueue this flow: ",
+      );
+      return rows.map((row) => row.id as string);
+    });
   } catch (error) {
     throw flowError(error);
   }

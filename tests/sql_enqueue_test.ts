@@ -516,6 +516,21 @@ Deno.test("SQL enqueue stores the trace context its transaction set in akadze.tr
     }
     // SET LOCAL ends with its transaction: the next one stores none.
     assertEquals(await contextOf({}), [null]);
+    // A flow's steps store it too; one given to enqueue_flow is checked.
+    const flow = await sql.begin(async (tx) => {
+      await tx`select set_config('akadze.traceparent', ${traceparent}, true)`;
+      return await tx`select id from akadze.enqueue_flow('[{"name": "a", "task": "t"},
+        {"name": "b", "task": "t", "depends_on": ["a"]}]')`;
+    });
+    const steps = await sql`select trace_context from akadze.jobs
+      where id = any(${flow.map((r) => r.id)}::bigint[])`;
+    assertEquals(steps.map((r) => r.trace_context), [{ traceparent }, { traceparent }]);
+    const refused = await sql`select akadze.enqueue_flow('[{"name": "a", "task": "t"}]', null,
+      '{"traceparent": "00-zz"}')`.catch((e) => e);
+    assertEquals([refused.code, refused.message], [
+      "22023",
+      'trace_context must be {"traceparent": "<W3C traceparent>", "tracestate": "..."} or null',
+    ]);
     // TypeScript enqueue without a tracer provider (tracing off) stores none either.
     const id = await app.task("t", () => {}).enqueue({});
     assertEquals((await sql`select trace_context from akadze.jobs where id = ${id}`)[0], {

@@ -223,3 +223,40 @@ Deno.test("a refused enqueue records its error on the PRODUCER span; a stored tr
     assertEquals((failed.exceptions[0] as { message: string }).message, "it fails");
   });
 });
+
+Deno.test("a flow's enqueue is one PRODUCER span whose context every step stores; each step's run is its child", async () => {
+  await withApp("tracing_spans_flow", async (app, sql) => {
+    const fetch = app.task("spans.fetch", () => 1);
+    const sum = app.task("spans.sum", { queue: "sums" }, () => 2);
+    let flow = { id: "", jobs: {} as Record<string, string> };
+    const parent = await inParent(async () => {
+      flow = await app.enqueueFlow({
+        a: { task: fetch, args: {} },
+        b: { task: fetch, args: {} },
+        total: { task: sum, args: {}, dependsOn: ["a", "b"] },
+      });
+    });
+    const [producer] = spans.filter((s) =>
+      s.kind === PRODUCER && s.parent?.spanId === parent.context.spanId
+    );
+    assertEquals(producer.name, "publish default,sums");
+    assertEquals(producer.attributes["akadze.task"], "spans.fetch,spans.sum");
+    assertEquals(producer.attributes["messaging.batch.message_count"], 3);
+    const traceparent = `00-${producer.context.traceId}-${producer.context.spanId}-01`;
+    const stored = await sql`select trace_context from akadze.jobs
+      where id = any(${Object.values(flow.jobs)}::bigint[])`;
+    assertEquals(stored.map((r) => r.trace_context), [{ traceparent }, { traceparent }, {
+      traceparent,
+    }]);
+    await drain(app);
+    for (const id of Object.values(flow.jobs)) {
+      // Job ids repeat across this file's databases: the run of this trace.
+      const [run] = spans.filter((s) =>
+        s.kind === CONSUMER && s.attributes["messaging.message.id"] === id &&
+        s.context.traceId === producer.context.traceId
+      );
+      assert(run, `the run of job ${id}`);
+      assertEquals(run.parent?.spanId, producer.context.spanId);
+    }
+  });
+});
