@@ -62,7 +62,8 @@ Deno.test("debounce: the queued holder takes the new arguments, and its run time
     const before = await runAt();
     assertEquals(await debounce(60_000, 2), id);
     const pushed = await runAt();
-    assertEquals(pushed.getTime() - before.getTime(), 50_000); // now() is the same here
+    // 60 s after the second enqueue's now(), no sooner than 50 s after the first one's.
+    assert(pushed.getTime() - before.getTime() >= 50_000);
     assertEquals(await debounce(1_000, 3), id); // earlier: the run time stays
     assertEquals(await runAt(), pushed);
     assertEquals((await keyed(sql, "d")).map((r) => r.args.n), [3]);
@@ -124,7 +125,8 @@ Deno.test("whileRunning queueOne: one more job after the running one, which give
     assertEquals((await keyed(sql, "r")).map((r) => [r.id, r.state]), [[r2, "queued"]]);
     // The running job's retry queues without the key: no clash with the queued one.
     await sql`update akadze.jobs set state = 'queued', worker_id = null where id = ${r1}`;
-    assertEquals(await countJobs(sql, "queued"), 3);
+    assertEquals((await keyed(sql, "r")).map((r) => [r.id, r.state]), [[r2, "queued"]]);
+    assertEquals(await countJobs(sql, "queued"), 2);
   });
 });
 
@@ -253,7 +255,9 @@ Deno.test("concurrent enqueues of one key, in every mode, never make two jobs", 
         const ids = await Promise.all(
           clients.map((client, n) =>
             client.begin(async (tx) =>
-              (await tx`select akadze.enqueue('t', ${{ key, n }}::jsonb, unique_key => ${key},
+              (await tx`select akadze.enqueue('t', ${
+                JSON.stringify({ key, n })
+              }::text::jsonb, unique_key => ${key},
                                             on_duplicate => 'replace')::text as id`)[0].id
             )
           ),
