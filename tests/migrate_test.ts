@@ -43,6 +43,7 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
       "periodic_runs",
       "queue_pauses",
       "schema_migrations",
+      "unique_windows",
       "workers",
     ]);
     for (
@@ -55,6 +56,8 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
         "jobs_finished_idx",
         "limit_starts_key_idx",
         "periodic_runs_pkey",
+        "unique_windows_pkey",
+        "unique_windows_until_idx",
       ]
     ) assert(c.indexes[name], `missing index ${name}`);
     assert(c.indexes.jobs_claim_idx.includes("WHERE (state = 'queued'::text)"));
