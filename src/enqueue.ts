@@ -188,7 +188,6 @@ export async function enqueueJobs(
   options: EnqueueOptions = {},
 ): Promise<string[]> {
   const base = checkOptions(target, options);
-  const mode = checkKeyMode(options, base.unique_key);
   const many = argsList.length > 1;
   const maxBytes = host.maxArgsBytes ?? MAX_ARGS_BYTES;
   const checked: Record<string, unknown>[] = [];
@@ -201,6 +200,7 @@ export async function enqueueJobs(
     texts.push(checkSize(target, JSON.stringify(args), maxBytes, index));
   }
   checkQueueName(base.queue, EnqueueError);
+  const mode = checkKeyMode(options, base.unique_key);
   if (checked.length === 0) return [];
   if (checked.length > 1 && base.unique_key !== null) {
     // Each job after the first would find the key held by the first.

@@ -2,6 +2,8 @@
 // options onDuplicate ("raise", "keep", "replace", "debounce"), whileRunning ("keep",
 // "queueOne") and throttle, from TypeScript and from SQL; a duplicate never aborts the
 // caller's transaction, and concurrent enqueues of one key never make two jobs.
+// @ts-types="@types/pg"
+import pg from "pg";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
@@ -339,5 +341,35 @@ Deno.test("the modes' options are checked: an EnqueueError, nothing enqueued", a
       assertEquals(e.code, "22023");
     }
     assertEquals(await countJobs(sql), 0);
+  });
+});
+
+Deno.test("the modes on a node-postgres session: in the client's transaction", async () => {
+  await withApp("unique_node_postgres", async (app, sql, db) => {
+    const t = app.task("t", () => {});
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query("begin");
+      const id = await t.using({ session: client, uniqueKey: "n", onDuplicate: "replace" })
+        .enqueue({ n: 1 });
+      const again = await t.using({
+        session: client,
+        uniqueKey: "n",
+        onDuplicate: "replace",
+        throttle: 1_000,
+      }).enqueue({ n: 2 });
+      assertEquals(again, id);
+      await assertRejects(
+        () => t.using({ session: client, uniqueKey: "n", whileRunning: "queueOne" }).enqueue(),
+        DuplicateJob,
+      );
+      await client.query("select 1"); // still usable
+      assertEquals(await countJobs(sql), 0); // not committed yet
+      await client.query("commit");
+    } finally {
+      await client.end();
+    }
+    assertEquals((await keyed(sql, "n")).map((r) => r.args), [{ n: 2 }]);
   });
 });
