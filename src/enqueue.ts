@@ -473,7 +473,6 @@ async function insertRows(
   mode: KeyMode | null = null,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
-  if (mode !== null) return await insertKeyed(host, base, texts[0], session, mode);
   const one = argsList.length === 1;
   const params = [
     base.task,
@@ -489,6 +488,10 @@ async function insertRows(
     base.limit_key,
     base.trace_context ?? null,
   ];
+  if (mode !== null) {
+    const keyed = [...params, mode.on_duplicate, mode.while_running, mode.throttle_ms, host.notify];
+    return await insertKeyed(host, base, keyed, session);
+  }
   if (host.notify) params.push(jobsChannel(host.schema));
   const text = insertStatement(host, {
     one,
@@ -500,27 +503,9 @@ async function insertRows(
       ? (await tx.query(text, params)).rows as Record<string, unknown>[]
       : await tx.unsafe(text, params as string[], PREPARED);
     // A batch never shares a uniqueKey (enqueueJobs refuses it), so only one job can collide.
-    if (inserted.length < argsList.length) {
-      throw new DuplicateJob(
-        `a job with uniqueKey ${
-          JSON.stringify(base.unique_key)
-        } is already waiting, queued or running`,
-      );
-    }
-    for (const row of inserted) {
-      const job: EnqueuedJob = {
-        id: row.id as string,
-        task: base.task,
-        queue: base.queue,
-        priority: base.priority,
-        maxAttempts: base.max_attempts,
-        runAt: row.run_at as Date,
-        expiresAt: row.expires_at as Date | null,
-        uniqueKey: base.unique_key,
-        limitKey: base.limit_key,
-        args: row.args as Record<string, unknown>,
-      };
-      for (const hook of hooks) await hook(tx as TransactionSql, job);
+    if (inserted.length < argsList.length) throw heldKey(base);
+    if (hooks.length > 0) {
+      for (const row of inserted) await runHooks(hooks, tx, base, row);
     }
     return inserted.map((r) => r.id as string);
   };
@@ -539,59 +524,50 @@ async function insertRows(
 async function insertKeyed(
   host: EnqueueHost,
   base: Base,
-  text: string,
+  params: unknown[],
   session: Sql | TransactionSql | NodePostgresClient,
-  mode: KeyMode,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
-  const params = [
-    base.task,
-    base.queue,
-    base.priority,
-    text,
-    base.max_attempts,
-    base.run_at,
-    base.delay_ms,
-    base.expires_at,
-    base.unique_key,
-    base.limit_key,
-    base.trace_context ?? null,
-    mode.on_duplicate,
-    mode.while_running,
-    mode.throttle_ms,
-    host.notify,
-  ];
   const statement = keyedStatement(host.schema);
   const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
     const [row] = isNodePostgres(tx)
       ? (await tx.query(statement, params)).rows as Record<string, unknown>[]
       : await tx.unsafe(statement, params as string[], PREPARED);
-    if (row.outcome === "duplicate") {
-      throw new DuplicateJob(
-        `a job with uniqueKey ${
-          JSON.stringify(base.unique_key)
-        } is already waiting, queued or running`,
-      );
-    }
-    if (row.outcome !== "kept") {
-      const job: EnqueuedJob = {
-        id: row.id as string,
-        task: base.task,
-        queue: base.queue,
-        priority: base.priority,
-        maxAttempts: base.max_attempts,
-        runAt: row.run_at as Date,
-        expiresAt: row.expires_at as Date | null,
-        uniqueKey: base.unique_key,
-        limitKey: base.limit_key,
-        args: row.args as Record<string, unknown>,
-      };
-      for (const hook of hooks) await hook(tx as TransactionSql, job);
-    }
+    if (row.outcome === "duplicate") throw heldKey(base);
+    if (row.outcome !== "kept" && hooks.length > 0) await runHooks(hooks, tx, base, row);
     return [row.id as string];
   };
   if (hooks.length === 0) return await run(session);
   return await atomically(session as Sql | TransactionSql, run);
+}
+
+/** The error of an enqueue whose uniqueKey is held (onDuplicate "raise"). */
+function heldKey(base: Base): DuplicateJob {
+  return new DuplicateJob(
+    `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already waiting, queued or running`,
+  );
+}
+
+/** Run the onEnqueue hooks for one job the statement inserted (or replaced): its `row`. */
+async function runHooks(
+  hooks: readonly OnEnqueueHook[],
+  tx: Sql | TransactionSql | NodePostgresClient,
+  base: Base,
+  row: Record<string, unknown>,
+): Promise<void> {
+  const job: EnqueuedJob = {
+    id: row.id as string,
+    task: base.task,
+    queue: base.queue,
+    priority: base.priority,
+    maxAttempts: base.max_attempts,
+    runAt: row.run_at as Date,
+    expiresAt: row.expires_at as Date | null,
+    uniqueKey: base.unique_key,
+    limitKey: base.limit_key,
+    args: row.args as Record<string, unknown>,
+  };
+  for (const hook of hooks) await hook(tx as TransactionSql, job);
 }
 
 const keyedStatements = new Map<string, string>();
