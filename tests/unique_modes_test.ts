@@ -7,7 +7,7 @@ import pg from "pg";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, psql, withApp } from "./_helpers.ts";
+import { countJobs, psql, startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
 
 /** The key's jobs, oldest first: what a test compares. */
 async function keyed(sql: postgres.Sql, key: string) {
@@ -371,5 +371,95 @@ Deno.test("the modes on a node-postgres session: in the client's transaction", a
       await client.end();
     }
     assertEquals((await keyed(sql, "n")).map((r) => r.args), [{ n: 2 }]);
+  });
+});
+
+Deno.test("a worker: the job queued while one runs runs after it, with the last arguments; the first finishes as usual", async () => {
+  await withApp("unique_worker", async (app, sql) => {
+    const runs: unknown[] = [];
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => release = resolve);
+    const sync = app.task("sync", async (args) => {
+      runs.push(args.n);
+      if (args.n === 1) await released;
+    });
+    const mode = {
+      uniqueKey: "sync",
+      onDuplicate: "replace",
+      whileRunning: "queueOne",
+      limitKey: "sync",
+    } as const;
+    // maxRunning 1: the queued one waits for the running one.
+    await sql`insert into akadze.limits (key, max_running) values ('sync', 1)`;
+    const first = await sync.using(mode).enqueue({ n: 1 });
+    const w = startWorker(app, { slots: 2 });
+    try {
+      await waitForJob(sql, first, (r) => r.state === "running", "the first run");
+      const second = await sync.using(mode).enqueue({ n: 2 });
+      assertEquals(await sync.using(mode).enqueue({ n: 3 }), second);
+      release();
+      const done = await waitForJob(sql, second, (r) => r.state === "succeeded", "the second");
+      assertEquals(done.args, { n: 3 });
+      const [row] = await sql`select state, unique_key from akadze.jobs where id = ${first}`;
+      assertEquals([row.state, row.unique_key], ["succeeded", null]);
+      assertEquals(runs, [1, 3]);
+    } finally {
+      release();
+      await w.stop();
+    }
+  });
+});
+
+Deno.test("enqueues of one key while its jobs are claimed and finished: no error, never two queued", async () => {
+  await withApp("unique_churn", async (app, sql, db) => {
+    const t = app.task("t", () => {});
+    const clients = Array.from(
+      { length: 4 },
+      () => postgres(db.url, { max: 1, onnotice: () => {} }),
+    );
+    const worker = postgres(db.url, { max: 1, onnotice: () => {} });
+    let stop = false;
+    let most = 0;
+    try {
+      // A stand-in worker: claims the key's queued job, then finishes it, over and over.
+      const working = (async () => {
+        while (!stop) {
+          await worker`update akadze.jobs set state = 'running', worker_id = 'w'
+            where state = 'queued' and args ->> 'key' = 'churn'`;
+          const [{ n }] = await worker`select count(*)::int as n from akadze.jobs
+            where state = 'queued' and args ->> 'key' = 'churn'`;
+          most = Math.max(most, n);
+          await worker`update akadze.jobs set state = 'succeeded', finished_at = now(),
+            worker_id = null where state = 'running' and args ->> 'key' = 'churn'`;
+        }
+      })();
+      const modes = [
+        { onDuplicate: "replace", whileRunning: "queueOne" },
+        { onDuplicate: "keep" },
+        { onDuplicate: "debounce" },
+        { onDuplicate: "keep", throttle: 1 },
+      ] as const;
+      let calls = 0;
+      await Promise.all(clients.map(async (client, c) => {
+        for (let i = 0; i < 60; i++) {
+          const mode = modes[(c + i) % modes.length];
+          const id = await client.begin((tx) =>
+            t.using({ session: tx, uniqueKey: "churn", ...mode }).enqueue({ key: "churn", c, i })
+          );
+          assertMatch(id, /^\d+$/);
+          calls++;
+        }
+      }));
+      stop = true;
+      await working;
+      assertEquals(calls, 240);
+      assert(most <= 1, `${most} queued jobs of one key`);
+      const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+        where state in ('waiting', 'queued', 'running') and unique_key = 'churn'`;
+      assert(n <= 1);
+    } finally {
+      stop = true;
+      await Promise.all([...clients, worker].map((c) => c.end({ timeout: 1 })));
+    }
   });
 });
