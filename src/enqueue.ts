@@ -356,21 +356,21 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
  */
 function checkKeyMode(options: EnqueueOptions, uniqueKey: string | null): KeyMode | null {
   const { onDuplicate, whileRunning, throttle } = options;
+  // The common case, with or without a uniqueKey: nothing to check, nothing allocated.
+  if (onDuplicate === undefined && whileRunning === undefined && throttle === undefined) {
+    return null;
+  }
   if (
     onDuplicate !== undefined && onDuplicate !== "raise" && onDuplicate !== "keep" &&
     onDuplicate !== "replace" && onDuplicate !== "debounce"
   ) {
     throw new EnqueueError(
-      `onDuplicate must be "raise", "keep", "replace" or "debounce", got ${
-        JSON.stringify(onDuplicate) ?? String(onDuplicate)
-      }`,
+      `onDuplicate must be "raise", "keep", "replace" or "debounce", got ${shown(onDuplicate)}`,
     );
   }
   if (whileRunning !== undefined && whileRunning !== "keep" && whileRunning !== "queueOne") {
     throw new EnqueueError(
-      `whileRunning must be "keep" or "queueOne", got ${
-        JSON.stringify(whileRunning) ?? String(whileRunning)
-      }`,
+      `whileRunning must be "keep" or "queueOne", got ${shown(whileRunning)}`,
     );
   }
   if (throttle !== undefined && !(isDelay(throttle) && throttle > 0)) {
@@ -384,7 +384,7 @@ function checkKeyMode(options: EnqueueOptions, uniqueKey: string | null): KeyMod
     ["whileRunning", whileRunning],
     ["throttle", throttle],
   ].filter(([, value]) => value !== undefined).map(([name]) => name);
-  if (given.length > 0 && uniqueKey === null) {
+  if (uniqueKey === null) {
     throw new EnqueueError(
       `${given.join(", ")} ${given.length > 1 ? "need" : "needs"} a uniqueKey`,
     );
@@ -397,6 +397,11 @@ function checkKeyMode(options: EnqueueOptions, uniqueKey: string | null): KeyMod
     while_running: whileRunning === "queueOne" ? "queue_one" : "keep",
     throttle_ms: throttle ?? null,
   };
+}
+
+/** A value in an error message: a string quoted, anything else as `String` shows it. */
+function shown(value: unknown): string {
+  return typeof value === "string" ? JSON.stringify(value) : String(value);
 }
 
 function checkKey(name: string, value: unknown): string | null {
