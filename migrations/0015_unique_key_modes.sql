@@ -181,7 +181,10 @@ BEGIN
     EXIT;
   END LOOP;
 
-  IF v_window THEN
+  IF v_window AND v_outcome = 'duplicate' THEN
+    -- Refused: no window, as when enqueue_many's AKDUP undoes this statement.
+    DELETE FROM {{schema}}.unique_windows w WHERE w.unique_key = p_unique_key;
+  ELSIF v_window THEN
     UPDATE {{schema}}.unique_windows w SET job_id = v_id WHERE w.unique_key = p_unique_key;
   END IF;
   IF p_notify AND v_outcome IN ('inserted', 'replaced') THEN
