@@ -7,7 +7,7 @@ import pg from "pg";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, psql, startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
+import { countJobs, psql, startWorker, waitForJob, withApp } from "./_helpers.ts";
 
 /** The key's jobs, oldest first: what a test compares. */
 async function keyed(sql: postgres.Sql, key: string) {
