@@ -7,7 +7,7 @@ import pg from "pg";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, psql, startWorker, waitForJob, withApp } from "./_helpers.ts";
+import { countJobs, psql, startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
 
 /** The key's jobs, oldest first: what a test compares. */
 async function keyed(sql: postgres.Sql, key: string) {
@@ -469,6 +469,35 @@ Deno.test("enqueues of one key while its jobs are claimed and finished: no error
     } finally {
       stop = true;
       await Promise.all([...clients, worker].map((c) => c.end({ timeout: 1 })));
+    }
+  });
+});
+
+Deno.test("an enqueue without the modes never calls enqueue_keyed: the plain statement, as before", async () => {
+  await withApp("unique_plain_path", async (app, sql, db) => {
+    await sql.unsafe(`alter database "${new URL(db.url).pathname.slice(1)}"
+      set track_functions = 'pl'`);
+    const t = app.task("t", () => {});
+    // One connection, opened after the setting: its calls are counted.
+    const one = postgres(db.url, { max: 1, onnotice: () => {} });
+    try {
+      await t.using({ session: one }).enqueue({ n: 1 });
+      await t.using({ session: one }).enqueueMany([{ n: 2 }, { n: 3 }]);
+      await t.using({ session: one, uniqueKey: "p" }).enqueue({ n: 4 });
+      await assertRejects(() => t.using({ session: one, uniqueKey: "p" }).enqueue(), DuplicateJob);
+      await t.using({ session: one, uniqueKey: "p", onDuplicate: "raise", whileRunning: "keep" })
+        .enqueue().catch(() => {});
+      // Then one that does: once it is counted, the others would have been too.
+      await t.using({ session: one, uniqueKey: "p", onDuplicate: "keep" }).enqueue();
+      await one.end(); // a session's statistics are flushed when it ends
+      const calls = await waitFor(async () => {
+        const [row] = await sql`select calls::int from pg_stat_user_functions
+          where schemaname = 'akadze' and funcname = 'enqueue_keyed'`;
+        return row?.calls;
+      }, "the statistics of enqueue_keyed");
+      assertEquals(calls, 1);
+    } finally {
+      await one.end({ timeout: 1 });
     }
   });
 });
