@@ -25,8 +25,10 @@
 -- that succeeded), so the caller's transaction stays usable.
 --
 -- Concurrent enqueues of one key: the INSERT's ON CONFLICT on jobs_active_unique_key_idx lets
--- one in and makes the others wait for its transaction; each then finds the holder (locked
--- FOR UPDATE) and applies its mode, or tries again when the holder finished meanwhile. A
+-- one in and makes the others wait for its transaction; each then finds the holder and applies
+-- its mode, or tries again when the holder was claimed or finished meanwhile. Only what a mode
+-- changes is locked (to the end of the caller's transaction): a replaced queued job, which a
+-- claim skips meanwhile, and a running job that gives its key up, whose outcome write waits. A
 -- throttled key is serialized by its unique_windows row, so that a job finished between two
 -- enqueues cannot let a second one into its window.
 --
@@ -125,7 +127,13 @@ BEGIN
   END IF;
 
   LOOP
+    -- Each pass after the first follows a change of the holder by another transaction.
     v_tries := v_tries + 1;
+    IF v_tries > 100 THEN
+      RAISE EXCEPTION 'unique_key % changed hands 100 times during one enqueue',
+          to_json(p_unique_key)::text
+        USING ERRCODE = 'lock_not_available';
+    END IF;
     -- The key free: this job. Held by a transaction in progress: waits for it to end.
     INSERT INTO {{schema}}.jobs AS j
       (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key,
@@ -139,30 +147,27 @@ BEGIN
       v_outcome := 'inserted';
       EXIT;
     END IF;
-    -- The holder, locked: a claim, an outcome or another enqueue of the key waits for us.
+    -- The holder, committed (the INSERT waited for it). Not locked: keeping it or refusing
+    -- must not hold back a worker's outcome write. The UPDATEs below lock what they change and
+    -- check the state again; a holder that changed meanwhile means another pass.
     SELECT j.id, j.state, j.flow_id, j.run_at, j.expires_at, j.args
       INTO v_id, v_state, v_flow, v_run, v_expires, v_args
       FROM {{schema}}.jobs j
-     WHERE j.unique_key = p_unique_key AND j.state IN ('waiting', 'queued', 'running')
-       FOR UPDATE;
+     WHERE j.unique_key = p_unique_key AND j.state IN ('waiting', 'queued', 'running');
     IF v_id IS NULL THEN
-      -- It finished between the two statements: the key is free again.
-      IF v_tries >= 100 THEN
-        RAISE EXCEPTION 'unique_key % changed hands 100 times during one enqueue',
-            to_json(p_unique_key)::text
-          USING ERRCODE = 'lock_not_available';
-      END IF;
-      CONTINUE;
+      CONTINUE; -- it finished between the two statements: the key is free again
     END IF;
     IF v_state = 'running' AND p_while_running = 'queue_one' THEN
       -- The running job gives its key up (a retry of it then queues without the key), and the
-      -- INSERT above runs again: this transaction's update frees the index entry for it.
-      UPDATE {{schema}}.jobs j SET unique_key = NULL WHERE j.id = v_id;
-      v_id := NULL;
+      -- INSERT runs again: this transaction's update frees the index entry for it. The row
+      -- stays locked until the caller's transaction ends: its outcome write waits for that.
+      UPDATE {{schema}}.jobs j SET unique_key = NULL
+       WHERE j.id = v_id AND j.state = 'running' AND j.unique_key = p_unique_key;
       CONTINUE;
     END IF;
     IF v_state = 'queued' AND v_flow IS NULL AND p_on_duplicate IN ('replace', 'debounce') THEN
-      -- A retry keeps its attempts: the budget never drops below the attempts made.
+      -- A retry keeps its attempts: the budget never drops below the attempts made. A claim
+      -- skips the row while it is locked, until the caller's transaction ends.
       UPDATE {{schema}}.jobs j
          SET task = p_task, queue = p_queue, priority = p_priority::smallint, args = p_args,
              max_attempts = greatest(p_max_attempts, j.attempt),
@@ -170,8 +175,11 @@ BEGIN
                            ELSE v_run_at END,
              expires_at = p_expires_at, limit_key = p_limit_key,
              trace_context = p_trace_context, cancel_requested_at = NULL
-       WHERE j.id = v_id
+       WHERE j.id = v_id AND j.state = 'queued' AND j.unique_key = p_unique_key
       RETURNING j.run_at, j.expires_at, j.args INTO v_run, v_expires, v_args;
+      IF NOT FOUND THEN
+        CONTINUE; -- claimed or finished meanwhile
+      END IF;
       v_outcome := 'replaced';
     ELSIF p_on_duplicate IN ('raise', 'ignore') THEN
       v_outcome := 'duplicate';

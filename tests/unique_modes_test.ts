@@ -7,7 +7,15 @@ import pg from "pg";
 import postgres from "postgres";
 import { DuplicateJob, EnqueueError } from "../src/errors.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { countJobs, psql, startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
+import {
+  countJobs,
+  holdLocks,
+  psql,
+  startWorker,
+  waitFor,
+  waitForJob,
+  withApp,
+} from "./_helpers.ts";
 
 /** The key's jobs, oldest first: what a test compares. */
 async function keyed(sql: postgres.Sql, key: string) {
@@ -498,6 +506,41 @@ Deno.test("an enqueue without the modes never calls enqueue_keyed: the plain sta
       assertEquals(calls, 1);
     } finally {
       await one.end({ timeout: 1 });
+    }
+  });
+});
+
+Deno.test("a duplicate kept or refused in an open transaction locks nothing: claims and outcomes go on", async () => {
+  await withApp("unique_no_locks", async (app, sql, db) => {
+    const t = app.task("t", () => {});
+    const queued = await t.using({ uniqueKey: "q" }).enqueue({ n: 1 });
+    const running = await t.using({ uniqueKey: "r" }).enqueue({ n: 2 });
+    await sql`update akadze.jobs set state = 'running', worker_id = 'w' where id = ${running}`;
+    const held = await holdLocks(db.url, async (tx) => {
+      assertEquals(
+        await t.using({ session: tx, uniqueKey: "q", onDuplicate: "keep" }).enqueue(),
+        queued,
+      );
+      assertEquals(
+        await t.using({ session: tx, uniqueKey: "r", onDuplicate: "replace" }).enqueue(),
+        running,
+      );
+      await assertRejects(
+        () => t.using({ session: tx, uniqueKey: "r", throttle: 1_000 }).enqueue(),
+        DuplicateJob,
+      );
+    });
+    try {
+      await sql.begin(async (tx) => {
+        await tx`set local lock_timeout = '2s'`;
+        const claimed = await tx`select id::text as id from akadze.jobs
+          where state = 'queued' for update skip locked`;
+        assertEquals(claimed.map((r) => r.id), [queued]);
+        await tx`update akadze.jobs set state = 'succeeded', finished_at = now(), worker_id = null
+          where id = ${running}`;
+      });
+    } finally {
+      await held.release();
     }
   });
 });
