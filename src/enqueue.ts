@@ -55,8 +55,45 @@ export interface EnqueueOptions {
   priority?: number;
   /** Overrides the task's attempt budget (1..2147483647). */
   maxAttempts?: number;
-  /** At most one waiting, queued or running job per key; a second enqueue raises `DuplicateJob`. */
+  /**
+   * At most one waiting, queued or running job per key. What a second enqueue of the key does
+   * is `onDuplicate`'s choice (by default it raises `DuplicateJob`), with `whileRunning` and
+   * `throttle`.
+   */
   uniqueKey?: string;
+  /**
+   * What an enqueue does when its `uniqueKey` is held (needs a `uniqueKey`):
+   * - `"raise"` (the default): throw `DuplicateJob`; the caller's transaction stays usable;
+   * - `"keep"`: return the holder's id, the holder unchanged;
+   * - `"replace"`: a queued holder takes this enqueue's task, arguments and options (`runAt`,
+   *   `delay`, priority, attempts, queue, keys, expiry) and its id is returned;
+   * - `"debounce"`: as `"replace"`, but the run time only moves later (the later of the
+   *   holder's and this enqueue's): with a `delay`, the job runs that long after the last
+   *   enqueue of the key.
+   *
+   * A running holder is kept (its id returned) unless `whileRunning` is `"queueOne"`; a
+   * waiting flow step, or a queued one, is kept as it is.
+   *
+   * @example Debounce: one reindex, 5 s after the last change
+   * ```ts ignore
+   * await reindex.using({ uniqueKey: "reindex:42", onDuplicate: "debounce", delay: 5_000 })
+   *   .enqueue({ id: 42 });
+   * ```
+   */
+  onDuplicate?: "raise" | "keep" | "replace" | "debounce";
+  /**
+   * When the key's holder is running: `"keep"` (the default) leaves it the holder (the
+   * duplicate is `onDuplicate`'s: raised, or the running job's id returned); `"queueOne"`
+   * queues exactly one more job, which takes the key over (the running job's `uniqueKey`
+   * becomes null): at most one queued and one running job per key. Needs a `uniqueKey`.
+   */
+  whileRunning?: "keep" | "queueOne";
+  /**
+   * Milliseconds: once a job of the `uniqueKey` is enqueued (or found holding it), every
+   * enqueue of the key within that window returns that job's id, whatever its state, even
+   * finished: at most one job per key per window. Needs a `uniqueKey`.
+   */
+  throttle?: number;
   /** Subject the job to the limits stored for this key (`setLimit`). */
   limitKey?: string;
   /** After this instant the job is cancelled instead of run. */
@@ -73,10 +110,27 @@ export const OPTION_NAMES: ReadonlySet<string> = new Set([
   "priority",
   "maxAttempts",
   "uniqueKey",
+  "onDuplicate",
+  "whileRunning",
+  "throttle",
   "limitKey",
   "expiresAt",
   "queue",
 ]);
+
+/** The options of {@linkcode EnqueueOptions} that say what a held `uniqueKey` does (not in flows). */
+export const KEY_MODE_NAMES: ReadonlySet<string> = new Set([
+  "onDuplicate",
+  "whileRunning",
+  "throttle",
+]);
+
+/** A `uniqueKey`'s modes, as `enqueue_keyed` takes them (null: refuse, today's statement). */
+interface KeyMode {
+  on_duplicate: "raise" | "keep" | "replace" | "debounce";
+  while_running: "keep" | "queue_one";
+  throttle_ms: number | null;
+}
 
 /** What enqueue needs from the app. */
 export interface EnqueueHost {
@@ -146,6 +200,7 @@ export async function enqueueJobs(
     texts.push(checkSize(target, JSON.stringify(args), maxBytes, index));
   }
   checkQueueName(base.queue, EnqueueError);
+  const mode = checkKeyMode(options, base.unique_key);
   if (checked.length === 0) return [];
   if (checked.length > 1 && base.unique_key !== null) {
     // Each job after the first would find the key held by the first.
@@ -168,7 +223,14 @@ export async function enqueueJobs(
     explainMissingSchema(
       host.schema,
       () =>
-        insertRows(host, { ...base, trace_context: traceContext }, checked, texts, options.session),
+        insertRows(
+          host,
+          { ...base, trace_context: traceContext },
+          checked,
+          texts,
+          options.session,
+          mode,
+        ),
       EnqueueError,
       `cannot enqueue task "${target.name}": `,
     ));
@@ -288,6 +350,60 @@ function checkOptions(target: EnqueueTarget, options: EnqueueOptions): Base {
   };
 }
 
+/**
+ * The `uniqueKey` modes of `options`, or null when a duplicate is refused without a throttle
+ * or a running rule (today's statement, `ON CONFLICT DO NOTHING`, serves that).
+ */
+function checkKeyMode(options: EnqueueOptions, uniqueKey: string | null): KeyMode | null {
+  const { onDuplicate, whileRunning, throttle } = options;
+  // The common case, with or without a uniqueKey: nothing to check, nothing allocated.
+  if (onDuplicate === undefined && whileRunning === undefined && throttle === undefined) {
+    return null;
+  }
+  if (
+    onDuplicate !== undefined && onDuplicate !== "raise" && onDuplicate !== "keep" &&
+    onDuplicate !== "replace" && onDuplicate !== "debounce"
+  ) {
+    throw new EnqueueError(
+      `onDuplicate must be "raise", "keep", "replace" or "debounce", got ${shown(onDuplicate)}`,
+    );
+  }
+  if (whileRunning !== undefined && whileRunning !== "keep" && whileRunning !== "queueOne") {
+    throw new EnqueueError(
+      `whileRunning must be "keep" or "queueOne", got ${shown(whileRunning)}`,
+    );
+  }
+  if (throttle !== undefined && !(isDelay(throttle) && throttle > 0)) {
+    throw new EnqueueError(
+      `throttle must be a positive number of milliseconds, at most ${MAX_DELAY} (365 days), ` +
+        `got ${throttle}`,
+    );
+  }
+  const given = [
+    ["onDuplicate", onDuplicate],
+    ["whileRunning", whileRunning],
+    ["throttle", throttle],
+  ].filter(([, value]) => value !== undefined).map(([name]) => name);
+  if (uniqueKey === null) {
+    throw new EnqueueError(
+      `${given.join(", ")} ${given.length > 1 ? "need" : "needs"} a uniqueKey`,
+    );
+  }
+  if ((onDuplicate ?? "raise") === "raise" && (whileRunning ?? "keep") === "keep") {
+    if (throttle === undefined) return null;
+  }
+  return {
+    on_duplicate: onDuplicate ?? "raise",
+    while_running: whileRunning === "queueOne" ? "queue_one" : "keep",
+    throttle_ms: throttle ?? null,
+  };
+}
+
+/** A value in an error message: a string quoted, anything else as `String` shows it. */
+function shown(value: unknown): string {
+  return typeof value === "string" ? JSON.stringify(value) : String(value);
+}
+
 function checkKey(name: string, value: unknown): string | null {
   if (value === undefined || value === null) return null;
   if (!isKeyLength(value)) {
@@ -359,6 +475,7 @@ async function insertRows(
   argsList: Record<string, unknown>[],
   texts: string[],
   session: Sql | TransactionSql | NodePostgresClient = host.sql,
+  mode: KeyMode | null = null,
 ): Promise<string[]> {
   const hooks = host.hooks.onEnqueue;
   const one = argsList.length === 1;
@@ -376,6 +493,10 @@ async function insertRows(
     base.limit_key,
     base.trace_context ?? null,
   ];
+  if (mode !== null) {
+    const keyed = [...params, mode.on_duplicate, mode.while_running, mode.throttle_ms, host.notify];
+    return await insertKeyed(host, base, keyed, session);
+  }
   if (host.notify) params.push(jobsChannel(host.schema));
   const text = insertStatement(host, {
     one,
@@ -387,27 +508,9 @@ async function insertRows(
       ? (await tx.query(text, params)).rows as Record<string, unknown>[]
       : await tx.unsafe(text, params as string[], PREPARED);
     // A batch never shares a uniqueKey (enqueueJobs refuses it), so only one job can collide.
-    if (inserted.length < argsList.length) {
-      throw new DuplicateJob(
-        `a job with uniqueKey ${
-          JSON.stringify(base.unique_key)
-        } is already waiting, queued or running`,
-      );
-    }
-    for (const row of inserted) {
-      const job: EnqueuedJob = {
-        id: row.id as string,
-        task: base.task,
-        queue: base.queue,
-        priority: base.priority,
-        maxAttempts: base.max_attempts,
-        runAt: row.run_at as Date,
-        expiresAt: row.expires_at as Date | null,
-        uniqueKey: base.unique_key,
-        limitKey: base.limit_key,
-        args: row.args as Record<string, unknown>,
-      };
-      for (const hook of hooks) await hook(tx as TransactionSql, job);
+    if (inserted.length < argsList.length) throw heldKey(base);
+    if (hooks.length > 0) {
+      for (const row of inserted) await runHooks(hooks, tx, base, row);
     }
     return inserted.map((r) => r.id as string);
   };
@@ -416,6 +519,78 @@ async function insertRows(
   // node-postgres session (enqueueJobs refuses it).
   if (hooks.length === 0) return await run(session);
   return await atomically(session as Sql | TransactionSql, run);
+}
+
+/**
+ * One job with a `uniqueKey` and its modes: `enqueue_keyed` (migration 0015) inserts it, or
+ * keeps or replaces the key's holder, in one statement, so a duplicate is never an error that
+ * aborts the caller's transaction; `DuplicateJob` comes after a statement that succeeded.
+ */
+async function insertKeyed(
+  host: EnqueueHost,
+  base: Base,
+  params: unknown[],
+  session: Sql | TransactionSql | NodePostgresClient,
+): Promise<string[]> {
+  const hooks = host.hooks.onEnqueue;
+  const statement = keyedStatement(host.schema);
+  const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
+    const [row] = isNodePostgres(tx)
+      ? (await tx.query(statement, params)).rows as Record<string, unknown>[]
+      : await tx.unsafe(statement, params as string[], PREPARED);
+    if (row.outcome === "duplicate") throw heldKey(base);
+    if (row.outcome !== "kept" && hooks.length > 0) await runHooks(hooks, tx, base, row);
+    return [row.id as string];
+  };
+  if (hooks.length === 0) return await run(session);
+  return await atomically(session as Sql | TransactionSql, run);
+}
+
+/** The error of an enqueue whose uniqueKey is held (onDuplicate "raise"). */
+function heldKey(base: Base): DuplicateJob {
+  return new DuplicateJob(
+    `a job with uniqueKey ${JSON.stringify(base.unique_key)} is already waiting, queued or running`,
+  );
+}
+
+/** Run the onEnqueue hooks for one job the statement inserted (or replaced): its `row`. */
+async function runHooks(
+  hooks: readonly OnEnqueueHook[],
+  tx: Sql | TransactionSql | NodePostgresClient,
+  base: Base,
+  row: Record<string, unknown>,
+): Promise<void> {
+  const job: EnqueuedJob = {
+    id: row.id as string,
+    task: base.task,
+    queue: base.queue,
+    priority: base.priority,
+    maxAttempts: base.max_attempts,
+    runAt: row.run_at as Date,
+    expiresAt: row.expires_at as Date | null,
+    uniqueKey: base.unique_key,
+    limitKey: base.limit_key,
+    args: row.args as Record<string, unknown>,
+  };
+  for (const hook of hooks) await hook(tx as TransactionSql, job);
+}
+
+const keyedStatements = new Map<string, string>();
+
+/** The call of `enqueue_keyed`: the run time as the INSERT below computes it. */
+function keyedStatement(schema: string): string {
+  let text = keyedStatements.get(schema);
+  if (text) return text;
+  const ms = "interval '1 millisecond'";
+  text = `select k.id::text as id, k.outcome, k.run_at, k.expires_at, k.args
+      from ${quoteSchema(schema)}.enqueue_keyed($1::text, $2::text, $3::int, $4::text::jsonb,
+             $5::int,
+             coalesce($6::timestamptz, pg_catalog.now() operator(pg_catalog.+)
+               (coalesce($7::float8, 0) operator(pg_catalog.*) ${ms})),
+             $8::timestamptz, $9::text, $10::text, $11::text::jsonb, $12::text, $13::text,
+             $14::float8 operator(pg_catalog.*) ${ms}, $15::bool) k`;
+  keyedStatements.set(schema, text);
+  return text;
 }
 
 const statements = new Map<string, string>();

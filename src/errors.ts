@@ -55,8 +55,8 @@ export class AkadzeError extends Error {
 export class EnqueueError extends AkadzeError {}
 
 /**
- * A job with the same active `uniqueKey` is already queued or running. The caller's
- * transaction stays usable.
+ * A job with the same active `uniqueKey` is already queued or running (and the enqueue's
+ * `onDuplicate` is `"raise"`, the default). The caller's transaction stays usable.
  *
  * @example
  * ```ts ignore

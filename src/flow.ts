@@ -22,6 +22,7 @@ import {
   type EnqueueHost,
   type EnqueueOptions,
   type EnqueueTarget,
+  KEY_MODE_NAMES,
   OPTION_NAMES,
 } from "./enqueue.ts";
 import { DuplicateJob, EnqueueError } from "./errors.ts";
@@ -100,7 +101,7 @@ const STEP_KEYS = new Set([
   "task",
   "args",
   "dependsOn",
-  ...[...OPTION_NAMES].filter((name) => name !== "session"),
+  ...[...OPTION_NAMES].filter((name) => name !== "session" && !KEY_MODE_NAMES.has(name)),
 ]);
 
 /** A step checked, in the shape the SQL function takes. */

@@ -19,6 +19,7 @@ import attemptWorkerDeadLetters from "../migrations/0012_attempt_worker_dead_let
   type: "text",
 };
 import flowSpeed from "../migrations/0014_flow_speed.sql" with { type: "text" };
+import uniqueKeyModes from "../migrations/0015_unique_key_modes.sql" with { type: "text" };
 import flowTraceContext from "../migrations/0018_flow_trace_context.sql" with { type: "text" };
 import {
   connect,
@@ -65,6 +66,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0011_flow_ops", sql: flowOps },
   { version: "0012_attempt_worker_dead_letters", sql: attemptWorkerDeadLetters },
   { version: "0014_flow_speed", sql: flowSpeed },
+  { version: "0015_unique_key_modes", sql: uniqueKeyModes },
   { version: "0018_flow_trace_context", sql: flowTraceContext },
 ];
 

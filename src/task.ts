@@ -245,7 +245,8 @@ export class Task<In = Record<string, unknown>, Out = In, R = unknown> {
 
   /**
    * Bind per-enqueue options (session, delay, runAt, priority, maxAttempts, uniqueKey,
-   * limitKey, expiresAt, queue). They are checked when you enqueue.
+   * onDuplicate, whileRunning, throttle, limitKey, expiresAt, queue). They are checked when
+   * you enqueue.
    *
    * @example
    * ```ts ignore

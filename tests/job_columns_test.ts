@@ -82,10 +82,21 @@ Deno.test("the state constraints, the partial indexes and SQL enqueue list the s
     assertEquals(sorted(literals(predicates.get("jobs_finished_idx")!)), sorted(TERMINAL_STATES));
     // SQL enqueue's ON CONFLICT names the unique index's states (TypeScript enqueue derives
     // its own from ACTIVE_STATES).
-    const [{ body }] = await sql`
-      select p.prosrc as body from pg_proc p join pg_namespace n on n.oid = p.pronamespace
-       where n.nspname = 'akadze' and p.proname = 'enqueue_many'`;
-    assertEquals(occurrences(body, `where state in (${stateList(ACTIVE_STATES)})`), 1);
+    // So do enqueue_keyed's (the unique-key modes, 0015), and its look-up of the holder.
+    const bodies = await sql`
+      select p.proname, p.prosrc as body from pg_proc p
+        join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze' and p.proname in ('enqueue_many', 'enqueue_keyed')
+       order by 1`;
+    assertEquals(bodies.map((r) => r.proname), ["enqueue_keyed", "enqueue_many"]);
+    for (const { proname, body } of bodies) {
+      assertEquals(occurrences(body, `where state in (${stateList(ACTIVE_STATES)})`), 1, proname);
+    }
+    assertEquals(
+      occurrences(bodies[0].body, `j.state in (${stateList(ACTIVE_STATES)})`),
+      1,
+      "enqueue_keyed's holder",
+    );
   });
 });
 

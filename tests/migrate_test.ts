@@ -43,6 +43,7 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
       "periodic_runs",
       "queue_pauses",
       "schema_migrations",
+      "unique_windows",
       "workers",
     ]);
     for (
@@ -55,6 +56,8 @@ Deno.test("migrate creates every table, index and constraint of the schema", asy
         "jobs_finished_idx",
         "limit_starts_key_idx",
         "periodic_runs_pkey",
+        "unique_windows_pkey",
+        "unique_windows_until_idx",
       ]
     ) assert(c.indexes[name], `missing index ${name}`);
     assert(c.indexes.jobs_claim_idx.includes("WHERE (state = 'queued'::text)"));
@@ -413,4 +416,35 @@ Deno.test("migrationSql's script applies only the versions the database lacks", 
     const [{ ok }] = await sql`select akadze.enqueue('t') is not null as ok`;
     assert(ok);
   }, { migrated: false });
+});
+
+Deno.test("0015 replaces enqueue and enqueue_many with their grants: a role granted them by name keeps them", async () => {
+  await withDatabase("migrate_0015_grants", async (db, sql) => {
+    const at = MIGRATIONS.findIndex((m) => m.version === "0015_unique_key_modes");
+    await applyMigrations(sql, MIGRATIONS.slice(0, at));
+    const role = `akadze_grantee_${db.url.match(/\/([^/?]+)(\?|$)/)![1]}`.slice(0, 60);
+    await sql.unsafe(`create role ${role}`);
+    try {
+      await sql.unsafe(`
+        revoke execute on function akadze.enqueue, akadze.enqueue_many from public;
+        grant execute on function akadze.enqueue, akadze.enqueue_many to ${role};`);
+      await migrate(sql);
+      const acls = await sql`
+        select p.proname, pg_get_function_identity_arguments(p.oid) as args,
+               has_function_privilege(${role}, p.oid, 'execute') as granted,
+               has_function_privilege('public', p.oid, 'execute') as public
+          from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+         where n.nspname = 'akadze' and p.proname in ('enqueue', 'enqueue_many')
+         order by 1`;
+      assertEquals(acls.map((r) => [r.proname, r.granted, r.public]), [
+        ["enqueue", true, false],
+        ["enqueue_many", true, false],
+      ]);
+      // One of each: the old ones are gone, so a call is never ambiguous.
+      assert(acls.every((r) => (r.args as string).includes("throttle interval")));
+      await sql`select akadze.enqueue('t', unique_key => 'k', throttle => '1 minute')`;
+    } finally {
+      await sql.unsafe(`drop owned by ${role}; drop role ${role}`);
+    }
+  });
 });

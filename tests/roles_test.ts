@@ -124,6 +124,9 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
       assertEquals(hookSaw, 1);
       const unique = await w.ok.using({ uniqueKey: "u1" }).enqueue({ n: 5 });
       await assertRejects(() => w.ok.using({ uniqueKey: "u1" }).enqueue({ n: 6 }), DuplicateJob);
+      // The unique-key modes change the holder with the owner's rights (enqueue_keyed).
+      const replace = { uniqueKey: "u1", onDuplicate: "replace", throttle: 60_000 } as const;
+      assertEquals(await w.ok.using(replace).enqueue({ n: 6 }), unique);
       // In the application's own transaction: a rollback takes the job with it.
       const webSql = connectAs(db.url, role("enqueue"));
       conns.push(webSql);
@@ -138,6 +141,9 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
       const [{ id: fromSql }] = await webSql`select akadze.enqueue('ok', '{"n": 9}') as id`;
       assert(fromSql !== null, "akadze.enqueue inserted a job");
       await webSql`select akadze.enqueue_many('ok', '[]')`;
+      const [{ id: kept }] = await webSql`select akadze.enqueue('ok', '{"n": 6}',
+        unique_key => 'u1', on_duplicate => 'replace', while_running => 'queue_one')::text as id`;
+      assertEquals(kept, unique);
       // A flow, from TypeScript (with and without hooks) and from SQL, as the enqueue role.
       const flow = await web.enqueueFlow({
         first: { task: "ok", args: { n: 20 } },

@@ -84,6 +84,24 @@ Deno.test("akadze's functions call no shadowing function or operator of the call
       const [y] = await sql`select state from akadze.jobs
         where id = ${pair.find((s) => s.step === "y")!.id}`;
       assertEquals(y.state, "queued");
+      // The unique-key modes (0015): a throttle window, a replace, a running holder's key given
+      // up, and an enqueue inside the window.
+      const keyed = (mode: string) =>
+        hostile.unsafe(
+          `select akadze.enqueue('k', '{}', queue => 'keyed', unique_key => 'k', ${mode})`,
+        );
+      await keyed("throttle => '1 minute', on_duplicate => 'replace'");
+      await keyed("on_duplicate => 'replace'");
+      await sql`update akadze.jobs set state = 'running', worker_id = 'w1' where unique_key = 'k'`;
+      await keyed("on_duplicate => 'debounce', while_running => 'queue_one'");
+      await keyed("throttle => '1 minute'");
+      assertEquals(
+        (await sql`select state from akadze.jobs where task = 'k' order by id`).map((r) => r.state),
+        [
+          "running",
+          "queued",
+        ],
+      );
     } finally {
       await hostile.end({ timeout: 1 });
     }

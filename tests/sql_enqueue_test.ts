@@ -133,7 +133,10 @@ Deno.test("the SQL functions refuse what the TypeScript API refuses, nothing ins
       [`'{"a": 1}'`, "22023", /args_list must be a JSON array of argument objects/],
       [`'"x"'`, "22023", /args_list must be a JSON array/],
       [`'[{}, 1]'`, "23514", /job_args/],
-      [`'[{}]', on_duplicate => 'nope'`, "22023", /on_duplicate must be 'raise' or 'ignore'/],
+      [`'[{}]', on_duplicate => 'nope'`, "22023", /on_duplicate must be 'raise', 'ignore', 'keep'/],
+      [`'[{}]', unique_key => 'u', while_running => 'x'`, "22023", /while_running must be/],
+      [`'[{}]', unique_key => 'u', throttle => '-1 s'`, "22023", /throttle must be a positive/],
+      [`'[{}]', on_duplicate => 'keep'`, "22023", /need a unique_key/],
       // A batch cannot share a unique key (enqueueMany refuses it too), ignored or not.
       [`'[{}, {}]', unique_key => 'u'`, "22023", /the 2 jobs of this batch cannot share/],
       [`'[{}, {}]', unique_key => 'u', on_duplicate => 'ignore'`, "22023", /cannot share/],
@@ -390,6 +393,7 @@ Deno.test("TypeScript and SQL enqueue store identical rows for the same inputs, 
                  case when j.run_at = j.created_at then 'now' else j.run_at::text end) as row
           from akadze.jobs j where j.id = any(${ids as string[]}::bigint[]) order by j.id`;
       await sql`delete from akadze.jobs where id = any(${ids as string[]}::bigint[])`;
+      await sql`delete from akadze.unique_windows`;
       assertEquals(rows.length, ids.length);
       return rows.map((r) => r.row);
     };
@@ -423,6 +427,38 @@ Deno.test("TypeScript and SQL enqueue store identical rows for the same inputs, 
         expires_at: expiresAt.toISOString(),
       }],
       ["a unique key alone", { uniqueKey: "u-2" }, { unique_key: "u-2" }],
+      // The unique-key modes (0015): a new job is stored alike, whatever the mode.
+      ["every mode option", {
+        queue: "mail.bulk",
+        priority: -7,
+        maxAttempts: 9,
+        runAt,
+        uniqueKey: "u-3",
+        onDuplicate: "replace",
+        whileRunning: "queueOne",
+        throttle: 60_000,
+        limitKey: "smtp",
+        expiresAt,
+      }, {
+        queue: "mail.bulk",
+        priority: -7,
+        max_attempts: 9,
+        run_at: runAt.toISOString(),
+        unique_key: "u-3",
+        on_duplicate: "replace",
+        while_running: "queue_one",
+        throttle: "60 seconds",
+        limit_key: "smtp",
+        expires_at: expiresAt.toISOString(),
+      }],
+      ["debounce", { uniqueKey: "u-4", onDuplicate: "debounce" }, {
+        unique_key: "u-4",
+        on_duplicate: "debounce",
+      }],
+      ["keep", { uniqueKey: "u-5", onDuplicate: "keep" }, {
+        unique_key: "u-5",
+        on_duplicate: "keep",
+      }],
       ["extremes", { priority: 32767, maxAttempts: 2147483647 }, {
         priority: 32767,
         max_attempts: 2147483647,
@@ -455,6 +491,58 @@ Deno.test("TypeScript and SQL enqueue store identical rows for the same inputs, 
             [task.name, JSON.stringify(list), ...values(all)],
           )).map((r) => r.id as string);
           assertEquals(await stored(ids), tsMany, `several jobs: ${what}`);
+        }
+        // A job replaced (or debounced) by a second enqueue of its key: the same row too (each
+        // with a run time: "now" differs between the two transactions).
+        const replacements: [string, EnqueueOptions, Record<string, unknown>][] = [
+          ["replace, every option", {
+            onDuplicate: "replace",
+            queue: "mail.bulk",
+            priority: -7,
+            maxAttempts: 9,
+            runAt,
+            limitKey: "smtp",
+            expiresAt,
+          }, {
+            on_duplicate: "replace",
+            queue: "mail.bulk",
+            priority: -7,
+            max_attempts: 9,
+            run_at: runAt.toISOString(),
+            limit_key: "smtp",
+            expires_at: expiresAt.toISOString(),
+          }],
+          ["debounce, later", { onDuplicate: "debounce", runAt }, {
+            on_duplicate: "debounce",
+            run_at: runAt.toISOString(),
+          }],
+          ["debounce, sooner", {
+            onDuplicate: "debounce",
+            runAt: new Date("2000-01-01T00:00:00Z"),
+          }, { on_duplicate: "debounce", run_at: "2000-01-01T00:00:00Z" }],
+        ];
+        const first = { uniqueKey: "r", runAt: new Date("2029-01-01T00:00:00Z") };
+        const firstSql = { unique_key: "r", run_at: "2029-01-01T00:00:00Z" };
+        for (const [name, options, columns] of replacements) {
+          const what = `${task.name}, ${name}${hooked ? ", with a hook" : ""}`;
+          const tsFirst = await tasks[0].using(first).enqueue({ first: true });
+          const tsId = await task.using({ ...options, uniqueKey: "r" }).enqueue(args);
+          assertEquals(tsId, tsFirst);
+          const ts = await stored([tsId]);
+          const all = { ...sqlDefaults[t], ...columns, unique_key: "r" };
+          const [{ id: sqlFirst }] = await sql.unsafe(
+            `select akadze.enqueue('twin', '{"first": true}'${named(firstSql)}) as id`.replace(
+              /\$(\d+)/g,
+              (_, n) => `$${Number(n) - 2}`,
+            ),
+            values(firstSql),
+          );
+          const [{ id }] = await sql.unsafe(
+            `select akadze.enqueue($1, $2::text::jsonb${named(all)}) as id`,
+            [task.name, JSON.stringify(args), ...values(all)],
+          );
+          assertEquals(id, sqlFirst);
+          assertEquals(await stored([id]), ts, `replaced: ${what}`);
         }
       }
     }
