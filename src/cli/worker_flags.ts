@@ -8,6 +8,7 @@ import { parseArgs } from "node:util";
 import { parsePoolSize } from "../env.ts";
 import { INT4_MAX, PORT_MAX, SLOTS_MAX } from "../rules.ts";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
+import { parseProcessEnd, type ProcessEnd } from "../worker/process_end.ts";
 import { integerFlag, parseFlags, secondsText, UsageError } from "./common.ts";
 import {
   LOG_FORMATS,
@@ -41,6 +42,11 @@ export interface WorkerCommandLine {
    */
   budgetProcesses?: number;
   /**
+   * Under a supervisor, on a restart (hidden `--previous-exit`): the pid of the worker
+   * process that ran this slot before and how it ended.
+   */
+  previousExit?: { pid: number; end: ProcessEnd };
+  /**
    * The arguments without `--processes`, `--slot` and `--supervisor-pid`: what a
    * supervisor passes on to its worker processes.
    */
@@ -68,6 +74,7 @@ const FLAGS = {
   slot: { type: "string" },
   "supervisor-pid": { type: "string" },
   "budget-processes": { type: "string" },
+  "previous-exit": { type: "string" },
   "log-format": { type: "string" },
   "log-level": { type: "string" },
   help: { type: "boolean", short: "h" },
@@ -75,7 +82,13 @@ const FLAGS = {
 
 /** The most worker processes `--processes` accepts. */
 export const MAX_PROCESSES = 1024;
-const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid", "budget-processes"]);
+const SUPERVISOR_FLAGS = new Set([
+  "processes",
+  "slot",
+  "supervisor-pid",
+  "budget-processes",
+  "previous-exit",
+]);
 /**
  * The pool size of a worker's app when neither --pool-size nor AKADZE_POOL_SIZE is given (and
  * the app's code sets none): with the loop's and the LISTEN connection, 7 per process, so that
@@ -191,6 +204,18 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
       MAX_PROCESSES,
     );
   }
+  // On a restart (hidden `--previous-exit PID:CODE[:SIGNAL]`): the process that ran the
+  // slot before and how it ended, to settle the jobs it left running.
+  let previousExit: { pid: number; end: ProcessEnd } | undefined;
+  if (values["previous-exit"] !== undefined) {
+    if (slot === undefined) throw new UsageError("--previous-exit goes with --slot");
+    const [pid, ...status] = values["previous-exit"].split(":");
+    const end = parseProcessEnd(status.join(":"));
+    if (!/^\d{1,10}$/.test(pid) || end === null) {
+      throw new UsageError("--previous-exit is set by the supervisor: PID:CODE[:SIGNAL]");
+    }
+    previousExit = { pid: Number(pid), end };
+  }
   const poolSize = values["pool-size"] === undefined
     ? undefined
     : parsePoolSize(values["pool-size"], "--pool-size", UsageError);
@@ -261,6 +286,7 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     supervisorPid,
     poolSize,
     budgetProcesses,
+    previousExit,
     passthrough: withoutSupervisorFlags(args),
   };
 }

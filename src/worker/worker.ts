@@ -25,6 +25,12 @@ import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
+import {
+  describeProcessEnd,
+  exitProcess,
+  guardProcessExit,
+  type ProcessExited,
+} from "./process_end.ts";
 import { reportThroughMeter } from "./otel_metrics.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
@@ -86,6 +92,10 @@ export class Worker {
   /** The run ended while its loop was stuck in a query (the watchdog): it runs nothing more. */
   #loopLeft = false;
   #draining = false;
+  /** The process this worker replaces, until the jobs it left running are settled. */
+  #previous: { id: string; code?: number; signal?: string | null } | null;
+  /** A handler called `Deno.exit` with this code: the process exits once the jobs are put back. */
+  #exitCode: number | null = null;
 
   /**
    * Make a worker for an app; options are validated now (`AkadzeError`).
@@ -98,6 +108,8 @@ export class Worker {
     this.#app = app;
     const host = hostName();
     this.id = config.id ?? `${host}:${Deno.pid}:${crypto.randomUUID().slice(0, 8)}`;
+    // A random id has no previous process; a fixed one may have had one.
+    this.#previous = config.previousProcess ?? (config.id ? { id: config.id } : null);
     const { schema, hooks: { onTransition: hooks } } = app;
     this.metrics = new WorkerMetrics(config.queues, () => this.#slots.busy, app.tasks.values());
     // Not from the pool: tasks holding every pooled connection must not hold up the loop
@@ -275,6 +287,7 @@ export class Worker {
       onStray: (stray) => log.logStray(this.id, stray),
     });
     const stopReporting = reportThroughMeter(this.metrics);
+    const unguardExit = guardProcessExit((jobId, error) => this.#handlerExit(jobId, error));
     log.logStarted(this.id, this.config.queues, this.config.slots);
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
@@ -294,6 +307,13 @@ export class Worker {
       exit = await Promise.race([loop, stalled]);
       watch.stop();
       pruned = this.#pruner.settle(RELEASE_TIMEOUT);
+      if (this.#exitCode !== null) {
+        exit = {
+          code: 1,
+          reason: "fatal",
+          message: `a handler called Deno.exit(${this.#exitCode})`,
+        };
+      }
       if (exit.code === 0) await this.#drain(exit.reason !== "stopped");
       else await this.#abandonRuns();
       ended = true;
@@ -310,6 +330,7 @@ export class Worker {
       ]);
       this.#running = false;
       stopReporting();
+      unguardExit();
       // Thrown out of the loop: nothing below runs, so the guard goes now.
       if (!ended) removeGuard();
     }
@@ -324,7 +345,37 @@ export class Worker {
       removeGuard();
     }
     log.logStopped(this.id, exit);
+    if (this.#exitCode !== null) exitProcess(this.#exitCode);
     return exit;
+  }
+
+  /**
+   * A handler called `Deno.exit` during the run of `jobId`: if it runs here, that run fails
+   * with `error` (an attempt spent), and the worker stops at once, putting its other jobs
+   * back without spending theirs; the run then ends the process with the handler's code.
+   */
+  #handlerExit(jobId: string, error: ProcessExited): boolean {
+    if (!this.#slots.interrupt(jobId, "exit", error)) return false;
+    if (this.#exitCode !== null) return true; // the first call's code stands
+    this.#exitCode = error.code;
+    log.logHandlerExit(this.id, jobId, error.code);
+    this.stop();
+    // The handler asked to end the process: the writes get their time, not more.
+    setTimeout(() => exitProcess(error.code), 2 * RELEASE_TIMEOUT);
+    return true;
+  }
+
+  /**
+   * Settle what the process this worker replaces left running: each job is charged an
+   * attempt, with an error saying how that process ended (see `Rescuer.settleWorker`).
+   */
+  async #settlePrevious(previous: { id: string; code?: number; signal?: string | null }) {
+    const { id, code, signal } = previous;
+    const [name, ended] = code === undefined
+      ? ["WorkerLost", `the previous process of worker ${id} ended (how is unknown)`]
+      : ["ProcessExited", `the worker process ${id} ${describeProcessEnd({ code, signal })}`];
+    const rows = await this.#rescuer.settleWorker(id, name, ended);
+    if (rows.length > 0) log.logPreviousSettled(this.id, id, rows.length);
   }
 
   async #loop(listener: Listener): Promise<WorkerExit> {
@@ -342,6 +393,11 @@ export class Worker {
       let [full, foundNothing, idle] = [false, false, false];
       try {
         if (this.#app.notify) await listener.ensure();
+        // Before the first claim: the jobs a dead process left go back now, not after its lease.
+        if (this.#previous) {
+          await this.#settlePrevious(this.#previous);
+          this.#previous = null;
+        }
         await this.#rescuer.runIfDue();
         this.#pruner.startIfDue();
         await this.#scheduler?.runOnce();
@@ -408,8 +464,11 @@ export class Worker {
     for (const block of this.#blocks.take()) {
       await this.#rescuer.chargeBlock(this.id, block).catch(log.logBlockChargeFailed);
     }
-    // Every job running under this id, on a beat that looked for orphans (heartbeat.ts).
-    this.#completer.release(lease.beat.running?.filter((r) => !known.has(r.id)) ?? []);
+    // Every job running under this id, on a beat that looked for orphans (heartbeat.ts);
+    // those of a previous process under this id are settled by #settlePrevious instead.
+    if (this.#previous?.id !== this.id) {
+      this.#completer.release(lease.beat.running?.filter((r) => !known.has(r.id)) ?? []);
+    }
     return null;
   }
 
