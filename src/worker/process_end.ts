@@ -36,8 +36,8 @@ export function describeProcessEnd(end: ProcessEnd): string {
     return "aborted on a fatal runtime error (SIGABRT, exit code 134)";
   }
   if (signal === "SIGKILL") {
-    return `was killed by SIGKILL (exit code ${code}), as by kill -9 or the system's ` +
-      "out-of-memory killer";
+    return `was killed by SIGKILL (exit code ${code}: kill -9, or the system's ` +
+      "out-of-memory killer)";
   }
   if (signal) return `was killed by ${signal} (exit code ${code})`;
   return `exited with code ${code}`;

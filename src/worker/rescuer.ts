@@ -105,10 +105,12 @@ export class Rescuer extends Periodic<RescueResult> {
           ' stopped heartbeating during the run'`;
     // How the process ended ($6, $7), and whether it ran other jobs too.
     const endedEntry = `$6::text, 'message', $7::text ||
-          case when (select count(*) from lost) > 1
-               then ' while it ran ' || (select count(*) - 1 from lost) || ' other job(s) ' ||
-                    'too: which one ended it is unknown, so each is charged an attempt'
-               else ' during this run' end`;
+          case (select count(*) from lost)
+               when 1 then ' during this run'
+               when 2 then ' while it also ran another job: which one ended it is unknown, ' ||
+                           'so each is charged an attempt'
+               else ' while it also ran ' || (select count(*) - 1 from lost) || ' other ' ||
+                    'jobs: which one ended it is unknown, so each is charged an attempt' end`;
     const rescue = (from: string, entry: string) => `
       with lost as (
         select c.id, c.worker_id from ${from}

@@ -47,6 +47,8 @@ export type { WorkerExit } from "./worker_exit.ts";
 const DB_BACKOFF_MAX = 30_000;
 /** How long the last writes (and a prune) may take once the loop is done (ms). */
 const RELEASE_TIMEOUT = 5_000;
+/** The fixed worker ids that ran in this process (a later run under one is no restart). */
+const RAN_HERE = new Set<string>();
 
 /**
  * A worker process's engine: claims jobs of its queues and runs them.
@@ -93,7 +95,8 @@ export class Worker {
   #loopLeft = false;
   #draining = false;
   /** The process this worker replaces, until the jobs it left running are settled. */
-  #previous: { id: string; code?: number; signal?: string | null } | null;
+  #previous: { id: string; code?: number; signal?: string | null } | null = null;
+  #ranBefore = false;
   /** A handler called `Deno.exit` with this code: the process exits once the jobs are put back. */
   #exitCode: number | null = null;
 
@@ -108,8 +111,6 @@ export class Worker {
     this.#app = app;
     const host = hostName();
     this.id = config.id ?? `${host}:${Deno.pid}:${crypto.randomUUID().slice(0, 8)}`;
-    // A random id has no previous process; a fixed one may have had one.
-    this.#previous = config.previousProcess ?? (config.id ? { id: config.id } : null);
     const { schema, hooks: { onTransition: hooks } } = app;
     this.metrics = new WorkerMetrics(config.queues, () => this.#slots.busy, app.tasks.values());
     // Not from the pool: tasks holding every pooled connection must not hold up the loop
@@ -259,6 +260,7 @@ export class Worker {
     }
     this.#heartbeat.begin();
     this.#completer.writeFinalOn(false);
+    this.#previous = this.#previousProcess();
     let listener: Listener;
     try {
       // Made per run: on a connection of its own to app.listenUrl when given, else on the pool.
@@ -363,6 +365,22 @@ export class Worker {
     // The handler asked to end the process: the writes get their time, not more.
     setTimeout(() => exitProcess(error.code), 2 * RELEASE_TIMEOUT);
     return true;
+  }
+
+  /**
+   * The process this run replaces, if any: the one `previousProcess` names (on the first
+   * run), or a previous process under this worker's fixed id. Jobs left running under an id
+   * that already ran in this process were not left by a dead process (a claim whose reply
+   * was lost, a release not written): the first beat puts those back unspent.
+   */
+  #previousProcess(): { id: string; code?: number; signal?: string | null } | null {
+    const { previousProcess, id } = this.config;
+    const first = !this.#ranBefore;
+    this.#ranBefore = true;
+    const restart = id !== undefined && !RAN_HERE.has(id);
+    if (id !== undefined) RAN_HERE.add(id);
+    if (!first) return null;
+    return previousProcess ?? (restart && id !== undefined ? { id } : null);
   }
 
   /**
