@@ -6,7 +6,6 @@ import type { Sql } from "../src/db.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import { startWorker, waitFor, withApp, withDatabase } from "./_helpers.ts";
 import {
-  type CliProcess,
   MOD,
   SLOW,
   spawnCli,
