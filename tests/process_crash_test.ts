@@ -4,7 +4,7 @@
 // and a restarted worker settles what its predecessor left at once, not after the lease.
 import type { Sql } from "../src/db.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { startWorker, waitFor, withApp, withDatabase } from "./_helpers.ts";
+import { startWorker, waitForJob, withApp, withDatabase } from "./_helpers.ts";
 import {
   MOD,
   SLOW,
@@ -46,14 +46,7 @@ async function jobWhen(
   check: (r: Row) => boolean,
   what: string,
 ): Promise<Row> {
-  return await waitFor(
-    async () => {
-      const row = await job(sql, id);
-      return check(row) ? row : null;
-    },
-    what,
-    SLOW,
-  ) as Row;
+  return await waitForJob(sql, id, (r) => check(r as Row), what, SLOW) as Row;
 }
 
 /**

@@ -47,6 +47,8 @@ export type { WorkerExit } from "./worker_exit.ts";
 const DB_BACKOFF_MAX = 30_000;
 /** How long the last writes (and a prune) may take once the loop is done (ms). */
 const RELEASE_TIMEOUT = 5_000;
+/** A worker process that ended with jobs running (see `WorkerOptions.previousProcess`). */
+type PreviousProcess = NonNullable<WorkerOptions["previousProcess"]>;
 /** The fixed worker ids that ran in this process (a later run under one is no restart). */
 const RAN_HERE = new Set<string>();
 
@@ -95,7 +97,7 @@ export class Worker {
   #loopLeft = false;
   #draining = false;
   /** The process this worker replaces, until the jobs it left running are settled. */
-  #previous: { id: string; code?: number; signal?: string | null } | null = null;
+  #previous: PreviousProcess | null = null;
   #ranBefore = false;
   /** A handler called `Deno.exit` with this code: the process exits once the jobs are put back. */
   #exitCode: number | null = null;
@@ -337,7 +339,10 @@ export class Worker {
       if (!ended) removeGuard();
     }
     try {
-      if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
+      // After a handler's Deno.exit too: its jobs are back, the process is about to end.
+      if (exit.code === 0 || this.#exitCode !== null) {
+        await this.#heartbeat.remove().catch(() => false);
+      }
       // A loop left stuck in a statement (the watchdog) keeps its connection until that
       // statement returns: cutting it could leave a claim committed that no one puts back.
       if (this.#loopLeft) void loop.catch(() => {}).finally(() => this.#connection.close());
@@ -373,7 +378,7 @@ export class Worker {
    * that already ran in this process were not left by a dead process (a claim whose reply
    * was lost, a release not written): the first beat puts those back unspent.
    */
-  #previousProcess(): { id: string; code?: number; signal?: string | null } | null {
+  #previousProcess(): PreviousProcess | null {
     const { previousProcess, id } = this.config;
     const first = !this.#ranBefore;
     this.#ranBefore = true;
@@ -387,7 +392,7 @@ export class Worker {
    * Settle what the process this worker replaces left running: each job is charged an
    * attempt, with an error saying how that process ended (see `Rescuer.settleWorker`).
    */
-  async #settlePrevious(previous: { id: string; code?: number; signal?: string | null }) {
+  async #settlePrevious(previous: PreviousProcess): Promise<void> {
     const { id, code, signal } = previous;
     const [name, ended] = code === undefined
       ? ["WorkerLost", `the previous process of worker ${id} ended (how is unknown)`]
