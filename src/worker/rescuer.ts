@@ -1,7 +1,9 @@
 /**
  * The rescuer: every worker puts back the running jobs of workers whose heartbeat is older
  * than their TTL (every pass), or whose row no longer exists (every RESCUE_FULL_EVERY): queued with an attempt spent (failed when
- * none remain), error `WorkerLost`. Then it removes stale worker rows that hold no jobs.
+ * none remain), error `WorkerLost`. Then it removes stale worker rows that hold no jobs. A
+ * worker that replaces a dead process puts back that process's jobs the same way as it
+ * starts (`settleWorker`), with an error that says how the process ended.
  *
  * @module
  */
