@@ -3,7 +3,11 @@
 // where the worker can tell, the crashing job's stored error says how the process ended,
 // and a restarted worker settles what its predecessor left at once, not after the lease.
 import type { Sql } from "../src/db.ts";
-import { assert, assertEquals, assertMatch } from "./assert.ts";
+import { UsageError } from "../src/cli/common.ts";
+import { childArguments } from "../src/cli/supervisor.ts";
+import { parseWorkerCommandLine } from "../src/cli/worker_flags.ts";
+import { describeProcessEnd } from "../src/worker/process_end.ts";
+import { assert, assertEquals, assertMatch, assertThrows } from "./assert.ts";
 import { startWorker, waitForJob, withApp, withDatabase } from "./_helpers.ts";
 import {
   MOD,
@@ -92,6 +96,46 @@ function worker(dir: string, url: string, flags: string[], permissions = WORKER_
     { permissions },
   );
 }
+
+Deno.test("how a process ended, in words: an exit code, a signal, out of memory", () => {
+  assertEquals(describeProcessEnd({ code: 3 }), "exited with code 3");
+  assertMatch(describeProcessEnd({ code: 133, signal: "SIGTRAP" }), /^ran out of memory \(/);
+  assertMatch(describeProcessEnd({ code: 133 }), /^ran out of memory/);
+  assertMatch(describeProcessEnd({ code: 134, signal: "SIGABRT" }), /^aborted/);
+  assertMatch(describeProcessEnd({ code: 137, signal: "SIGKILL" }), /^was killed by SIGKILL/);
+  assertEquals(
+    describeProcessEnd({ code: 139, signal: "SIGSEGV" }),
+    "was killed by SIGSEGV (exit code 139)",
+  );
+});
+
+Deno.test("a restarted worker process is told which process ran its slot and how it ended", () => {
+  const previous = { pid: 77, end: { code: 133, signal: "SIGTRAP" } };
+  const args = childArguments(["./app.ts"], 1, 4242, undefined, previous);
+  assertEquals(args.slice(7), ["--previous-exit", "77:133:SIGTRAP", "./app.ts"]);
+  const child = parseWorkerCommandLine(args.slice(1), "worker");
+  assertEquals(child.previousExit, previous);
+  assertEquals(child.passthrough, ["./app.ts"]);
+  const exited = parseWorkerCommandLine(
+    childArguments(["./app.ts"], 0, 4242, undefined, { pid: 78, end: { code: 3 } }).slice(1),
+    "worker",
+  );
+  assertEquals(exited.previousExit, { pid: 78, end: { code: 3, signal: null } });
+  for (const bad of [["--previous-exit", "x:3"], ["--previous-exit", "77:three"]]) {
+    assertThrows(
+      () =>
+        parseWorkerCommandLine(
+          ["./app.ts", ...childArguments([], 0, 1).slice(1), ...bad],
+          "worker",
+        ),
+      (e: Error) => e instanceof UsageError && e.message.includes("is set by the supervisor"),
+    );
+  }
+  assertThrows(
+    () => parseWorkerCommandLine(["./app.ts", "--previous-exit", "77:3"], "worker"),
+    (e: Error) => e instanceof UsageError && e.message === "--previous-exit goes with --slot",
+  );
+});
 
 Deno.test("a handler's Deno.exit(3): its job is charged with the exit code, the two beside it keep their attempts", async () => {
   await withDir({ "app.ts": CRASH_APP }, async (dir) => {
