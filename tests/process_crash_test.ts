@@ -252,6 +252,11 @@ Deno.test("a worker started again under its fixed id settles its old jobs at onc
 Deno.test("previousProcess: the jobs a killed process left are charged at once, saying how it ended", async () => {
   await withApp("process_crash_previous", async (app, sql) => {
     app.task("work", () => "done");
+    // With a transition hook, each job is settled in a transaction of its own.
+    const settled: string[] = [];
+    app.hooks.onTransition.push((_tx, job, from, to) => {
+      if (from === "running" && to === "queued") settled.push(job.id);
+    });
     const ids = [
       await leftRunning(sql, "work", "host:4242:0"),
       await leftRunning(sql, "work", "host:4242:0"),
@@ -270,6 +275,7 @@ Deno.test("previousProcess: the jobs a killed process left are charged at once, 
             "ended it is unknown, so each is charged an attempt",
         );
       }
+      assertEquals(settled.slice(0, 2).sort(), [...ids].sort());
     } finally {
       await w.stop();
     }

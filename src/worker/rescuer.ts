@@ -105,14 +105,8 @@ export class Rescuer extends Periodic<RescueResult> {
     // Worded as rescueMessage() says: chargeBlock finds the entry by it.
     const lostEntry = `'WorkerLost', 'message', 'worker ' || lost.worker_id ||
           ' stopped heartbeating during the run'`;
-    // How the process ended ($6, $7), and whether it ran other jobs too.
-    const endedEntry = `$6::text, 'message', $7::text ||
-          case (select count(*) from lost)
-               when 1 then ' during this run'
-               when 2 then ' while it also ran another job: which one ended it is unknown, ' ||
-                           'so each is charged an attempt'
-               else ' while it also ran ' || (select count(*) - 1 from lost) || ' other ' ||
-                    'jobs: which one ended it is unknown, so each is charged an attempt' end`;
+    // How the process ended ($6: the error's name, $7: its message).
+    const endedEntry = `$6::text, 'message', $7::text`;
     const rescue = (from: string, entry: string) => `
       with lost as (
         select c.id, c.worker_id from ${from}
@@ -188,7 +182,7 @@ export class Rescuer extends Periodic<RescueResult> {
   async runOnce(options: { full?: boolean } = {}): Promise<RescueResult> {
     const now = performance.now();
     const full = options.full ?? now - this.#fullAt >= this.#fullEvery;
-    const rescued = await this.#rescueJobs(full ? "full" : "stale", []);
+    const rescued = await this.#rescueJobs(full ? "full" : "stale", null, []);
     if (full) this.#fullAt = now;
     const removed = await this.#sql.unsafe(this.#removeStale);
     for (const row of rescued) logRescued(row);
@@ -239,16 +233,23 @@ export class Rescuer extends Periodic<RescueResult> {
    * `job_rescued`; returns the jobs.
    */
   async settleWorker(workerId: string, errorName: string, ended: string): Promise<JobRow[]> {
-    const rows = await this.#rescueJobs("worker", [workerId, errorName, ended]);
+    const ids = (await this.#sql.unsafe(this.#find.worker, [workerId])).map((r) => r.id as string);
+    if (ids.length === 0) return [];
+    const others = ids.length === 2 ? "another job" : `${ids.length - 1} other jobs`;
+    const message = ids.length === 1 ? `${ended} during this run` : `${ended} while it also ran ` +
+      `${others}: which one ended it is unknown, so each is charged an attempt`;
+    const rows = await this.#rescueJobs("worker", ids, [workerId, errorName, message]);
     for (const row of rows) logRescued(row);
     return rows;
   }
 
-  /** One rescue of `kind` (`more`: its parameters from $5), through the hooks if any. */
-  async #rescueJobs(kind: RescueKind, more: string[]): Promise<JobRow[]> {
-    if (this.#hooks.length === 0) return await this.#statement(this.#sql, kind, null, more);
-    const found = await this.#sql.unsafe(this.#find[kind], more.slice(0, 1));
-    const ids = found.map((r) => r.id as string);
+  /**
+   * One rescue of `kind` (`more`: its parameters from $5), of the jobs `ids` when given,
+   * through the hooks if any.
+   */
+  async #rescueJobs(kind: RescueKind, ids: string[] | null, more: string[]): Promise<JobRow[]> {
+    if (this.#hooks.length === 0) return await this.#statement(this.#sql, kind, ids, more);
+    ids ??= (await this.#sql.unsafe(this.#find[kind])).map((r) => r.id as string);
     return (await applyTransitions(
       this.#sql,
       this.#hooks,
