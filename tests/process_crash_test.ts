@@ -281,3 +281,34 @@ Deno.test("previousProcess: the jobs a killed process left are charged at once, 
     }
   });
 });
+
+Deno.test("akadze worker --worker-id: killed and started again under that id, it settles its old job at once", async () => {
+  await withDir({ "app.ts": CRASH_APP }, async (dir) => {
+    await withDatabase("process_crash_worker_id", async (db, sql) => {
+      await withProcesses(async () => {
+        const id = await insertJob(sql, "innocent");
+        const flags = ["--worker-id", "fixed-cli"];
+        const first = worker(dir, db.url, flags);
+        await jobWhen(sql, id, (r) => r.state === "running", "the job to run");
+        first.child.kill("SIGKILL");
+        await first.done();
+        // The default lease is 30 s: only the start under the same id settles it this soon.
+        const again = worker(dir, db.url, flags);
+        const done = await jobWhen(sql, id, (r) => r.state === "succeeded", "the job to rerun");
+        assertEquals([done.attempt, done.worker_id, done.result], [1, "fixed-cli", { attempt: 2 }]);
+        assertEquals(done.errors.map((e) => [e.error, e.message]), [[
+          "WorkerLost",
+          "the previous process of worker fixed-cli ended (how is unknown) during this run",
+        ]]);
+        await again.waitForEvent("previous_process_settled");
+        again.child.kill("SIGTERM");
+        assertEquals((await again.done()).code, 0);
+      });
+    });
+  });
+  assertThrows(
+    () => parseWorkerCommandLine(["./app.ts", "--processes", "2", "--worker-id", "w"], "worker"),
+    (e: Error) => e instanceof UsageError && e.message.includes("each is named after its slot"),
+  );
+  assertEquals(parseWorkerCommandLine(["./app.ts", "--worker-id", "w"], "worker").worker.id, "w");
+});

@@ -70,6 +70,7 @@ const FLAGS = {
   "metrics-queue-state": { type: "boolean" },
   processes: { type: "string" },
   "pool-size": { type: "string" },
+  "worker-id": { type: "string" },
   // Hidden: set by the supervisor of --processes N on the worker processes it starts.
   slot: { type: "string" },
   "supervisor-pid": { type: "string" },
@@ -119,6 +120,9 @@ export function workerFlagsHelp(): string {
                             rescue its jobs and it stops itself (default ${s(d.heartbeatTtl)})
   --poll-interval S         longest idle wait between claim passes (default ${s(d.pollInterval)})
   --prune-interval S        how often old finished jobs are deleted (default ${s(d.pruneInterval)})
+  --worker-id ID            this worker's id, unique per process (default host:pid:random);
+                            started again under the same id, it settles at once the jobs its
+                            previous process left running. Not with --processes above 1
   --heartbeat-file PATH     touch PATH on every loop pass (with --processes N: PATH.supervisor
                             and PATH.0 ... PATH.N-1); check it with akadze health
   --metrics-port N          serve this worker's metrics at http://HOST:N/metrics (Prometheus
@@ -245,6 +249,18 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
       `--heartbeat-ttl (${ttl / 1000} s) must be longer than --heartbeat-interval ` +
         `(${interval / 1000} s)`,
     );
+  }
+  if (values["worker-id"] !== undefined) {
+    if (processes > 1) {
+      throw new UsageError(
+        "--worker-id names one process: with --processes N each is named after its slot",
+      );
+    }
+    const id = values["worker-id"];
+    if (id.length === 0 || id.length > 200 || /[\u0000-\u001f]/.test(id)) {
+      throw new UsageError("--worker-id needs 1 to 200 printable characters");
+    }
+    worker.id = id;
   }
   if (values["heartbeat-file"] !== undefined) {
     if (values["heartbeat-file"] === "") throw new UsageError("--heartbeat-file needs a path");
