@@ -311,4 +311,8 @@ Deno.test("akadze worker --worker-id: killed and started again under that id, it
     (e: Error) => e instanceof UsageError && e.message.includes("each is named after its slot"),
   );
   assertEquals(parseWorkerCommandLine(["./app.ts", "--worker-id", "w"], "worker").worker.id, "w");
+  assertThrows(
+    () => parseWorkerCommandLine(["./app.ts", "--worker-id", "a\nb"], "worker"),
+    (e: Error) => e instanceof UsageError && e.message.includes("printable"),
+  );
 });

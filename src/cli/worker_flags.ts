@@ -257,7 +257,7 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
       );
     }
     const id = values["worker-id"];
-    if (id.length === 0 || id.length > 200 || /[\u0000-\u001f]/.test(id)) {
+    if (id.length === 0 || id.length > 200 || [...id].some((c) => c.charCodeAt(0) < 0x20)) {
       throw new UsageError("--worker-id needs 1 to 200 printable characters");
     }
     worker.id = id;
