@@ -56,9 +56,10 @@ async function jobWhen(
 /**
  * The test app: `innocent` runs until aborted on its first run and returns its 1-based
  * attempt on a later one; `exit_three` calls Deno.exit(3) (once `innocent` jobs run beside
- * it); `hog` fills the heap.
+ * it); `exit_sync` calls process.exit(4) synchronously; `hog` fills the heap.
  */
 const CRASH_APP = `
+import process from "node:process";
 import { Akadze } from ${JSON.stringify(MOD)};
 
 export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
@@ -82,6 +83,9 @@ app.task("exit_three", { backoff: () => 100 }, async () => {
   await new Promise((resolve) => setTimeout(resolve, 50));
   Deno.exit(3);
 });
+
+// node:process's exit goes through Deno.exit; called before the handler returns.
+app.task("exit_sync", () => process.exit(4));
 
 app.task("hog", () => {
   const kept = [];
@@ -178,6 +182,22 @@ Deno.test("a handler's Deno.exit(3): its job is charged with the exit code, the 
         await last.waitForEvent("worker_started");
         last.child.kill("SIGTERM");
         assertEquals((await last.done()).code, 0);
+      });
+    });
+  });
+});
+
+Deno.test("process.exit(4) before the handler returns: its job is charged, the process exits 4", async () => {
+  await withDir({ "app.ts": CRASH_APP }, async (dir) => {
+    await withDatabase("process_crash_exit_sync", async (db, sql) => {
+      await withProcesses(async () => {
+        const bad = await insertJob(sql, "exit_sync", 1);
+        const out = await worker(dir, db.url, []).done();
+        assertEquals(out.code, 4, out.stderr);
+        const failed = await job(sql, bad);
+        assertEquals([failed.state, failed.attempt], ["failed", 1]);
+        assertEquals(failed.errors[0].error, "ProcessExited");
+        assertMatch(failed.errors[0].message, /Deno\.exit\(4\)/);
       });
     });
   });
