@@ -367,6 +367,8 @@ export class Worker {
     this.#exitCode = error.code;
     log.logHandlerExit(this.id, jobId, error.code);
     this.stop();
+    // The other runs go back now, not after a drain: the process is to end.
+    this.#slots.interruptAll("shutdown");
     // The handler asked to end the process: the writes get their time, not more.
     setTimeout(() => exitProcess(error.code), 2 * RELEASE_TIMEOUT);
     return true;
