@@ -282,7 +282,8 @@ Deno.test("a SIGKILLed worker process: its job is rescued by a sibling and the s
         );
         assertEquals([restarted.delay, restarted.previousCode], [1, 137]);
         assert(restarted.pid !== victim);
-        // The lease of the dead worker lapses (1.5 s) and a live one rescues and reruns it.
+        // The lease of the dead worker lapses (1.5 s) and a live one rescues and reruns it,
+        // unless the restarted slot settled it first (tests/process_crash_test.ts).
         const done = await jobWhen(
           sql,
           id,

@@ -2,8 +2,10 @@
  * `akadze worker APP --processes N`: a supervisor that starts N worker processes (the
  * same command with `--processes 1 --slot K`), restarts a dead one with backoff, stops
  * with exit 1 when one keeps dying, and forwards stop signals once. It opens no database
- * connection and never imports the app. The restart policy and the exit code are pure
- * functions, exported for the tests.
+ * connection and never imports the app: a restarted worker process is told which process
+ * ran its slot before and how it ended (`--previous-exit`), and settles the jobs that one
+ * left running as it starts. The restart policy and the exit code are pure functions,
+ * exported for the tests.
  *
  * @module
  */
@@ -14,6 +16,7 @@ import { supervisorHeartbeatFile, touchHeartbeatFile } from "./heartbeat_files.t
 import { configureCliLogging } from "./logging.ts";
 import { countSignals, FORCED_EXIT_CODE } from "./signals.ts";
 import type { WorkerCommandLine } from "./worker_flags.ts";
+import { formatProcessEnd, type ProcessEnd } from "../worker/process_end.ts";
 
 /** The delay before the first restart of a slot, ms. */
 export const RESTART_DELAY_MIN = 1_000;
@@ -96,6 +99,7 @@ export function childArguments(
   slot: number,
   supervisorPid: number,
   budgetProcesses?: number,
+  previous?: PreviousProcess,
 ): string[] {
   return [
     "worker",
@@ -106,6 +110,9 @@ export function childArguments(
     "--supervisor-pid",
     String(supervisorPid),
     ...(budgetProcesses === undefined ? [] : ["--budget-processes", String(budgetProcesses)]),
+    ...(previous === undefined
+      ? []
+      : ["--previous-exit", `${previous.pid}:${formatProcessEnd(previous.end)}`]),
     ...passthrough,
   ];
 }
@@ -131,15 +138,29 @@ export function supervisorGone(supervisorPid: number, parentPid: number): boolea
   return parentPid !== supervisorPid;
 }
 
+/** The worker process that ran a slot before a restart, and how it ended. */
+export interface PreviousProcess {
+  /** Its pid (its worker id is {@linkcode slotWorkerId} of it). */
+  pid: number;
+  /** Its exit status. */
+  end: ProcessEnd;
+}
+
+/** The worker id of the worker process `pid` of a supervisor's slot: `host:pid:slot`. */
+export function slotWorkerId(host: string, pid: number, slot: number): string {
+  return `${host}:${pid}:${slot}`;
+}
+
 /** How to start a worker process. */
 export interface ChildCommand {
   /** The executable. */
   command: string;
   /**
    * Its arguments for a slot; `first`: the first start of all (slot 0's, not a restart), the
-   * one that checks the connection budget of every process.
+   * one that checks the connection budget of every process; `previous`: on a restart, the
+   * process that ran the slot before.
    */
-  args(slot: number, first?: boolean): string[];
+  args(slot: number, first?: boolean, previous?: PreviousProcess): string[];
 }
 
 /**
@@ -164,9 +185,9 @@ export async function resolveChildCommand(
   const pid = Deno.pid;
   return {
     command,
-    args: (slot, first) => [
+    args: (slot, first, previous) => [
       ...prefix,
-      ...childArguments(passthrough, slot, pid, first ? processes : undefined),
+      ...childArguments(passthrough, slot, pid, first ? processes : undefined, previous),
     ],
   };
 }
@@ -240,6 +261,8 @@ interface Slot {
   startedAt: number;
   history: RestartHistory;
   timer?: ReturnType<typeof setTimeout>;
+  /** The process that ran the slot last, once it died (its successor settles its jobs). */
+  previous?: PreviousProcess;
 }
 
 /** The stop stages: running, draining (first signal or cap), forced, killed. */
@@ -371,7 +394,7 @@ export class Supervisor {
     slot.startedAt = performance.now();
     try {
       child = new Deno.Command(command.command, {
-        args: command.args(slot.index, slot.index === 0 && !restart),
+        args: command.args(slot.index, slot.index === 0 && !restart, slot.previous),
         stdin: "null",
         stdout: "inherit",
         stderr: "inherit",
@@ -440,6 +463,7 @@ export class Supervisor {
       event: "worker_process_exited",
       ...props,
     });
+    slot.previous = { pid: child.pid, end: { code: status.code, signal: status.signal } };
     this.#died(slot, status.code);
   }
 

@@ -20,7 +20,7 @@ import { assertAppModuleExists, loadApp, type LoadedApp, parseAppTarget } from "
 import { configureCliLogging } from "./logging.ts";
 import { safeText } from "./output.ts";
 import { handleStopSignals } from "./signals.ts";
-import { superviseWorkers, watchSupervisor } from "./supervisor.ts";
+import { slotWorkerId, superviseWorkers, watchSupervisor } from "./supervisor.ts";
 import {
   DEFAULT_WORKER_POOL_SIZE,
   parseWorkerCommandLine,
@@ -56,7 +56,11 @@ export async function workerCommand(args: string[]): Promise<number> {
     return await superviseWorkers(line, rerunParent());
   }
   if (line.slot !== undefined) {
-    line.worker.id = `${hostname()}:${Deno.pid}:${line.slot}`;
+    line.worker.id = slotWorkerId(hostname(), Deno.pid, line.slot);
+    if (line.previousExit) {
+      const { pid, end } = line.previousExit;
+      line.worker.previousProcess = { id: slotWorkerId(hostname(), pid, line.slot), ...end };
+    }
     if (line.worker.heartbeatFile) {
       line.worker.heartbeatFile = slotHeartbeatFile(line.worker.heartbeatFile, line.slot);
     }

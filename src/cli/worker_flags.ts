@@ -8,6 +8,7 @@ import { parseArgs } from "node:util";
 import { parsePoolSize } from "../env.ts";
 import { INT4_MAX, PORT_MAX, SLOTS_MAX } from "../rules.ts";
 import { WORKER_DEFAULTS, type WorkerOptions } from "../worker/config.ts";
+import { parseProcessEnd, type ProcessEnd } from "../worker/process_end.ts";
 import { integerFlag, parseFlags, secondsText, UsageError } from "./common.ts";
 import {
   LOG_FORMATS,
@@ -41,6 +42,11 @@ export interface WorkerCommandLine {
    */
   budgetProcesses?: number;
   /**
+   * Under a supervisor, on a restart (hidden `--previous-exit`): the pid of the worker
+   * process that ran this slot before and how it ended.
+   */
+  previousExit?: { pid: number; end: ProcessEnd };
+  /**
    * The arguments without `--processes`, `--slot` and `--supervisor-pid`: what a
    * supervisor passes on to its worker processes.
    */
@@ -64,10 +70,12 @@ const FLAGS = {
   "metrics-queue-state": { type: "boolean" },
   processes: { type: "string" },
   "pool-size": { type: "string" },
+  "worker-id": { type: "string" },
   // Hidden: set by the supervisor of --processes N on the worker processes it starts.
   slot: { type: "string" },
   "supervisor-pid": { type: "string" },
   "budget-processes": { type: "string" },
+  "previous-exit": { type: "string" },
   "log-format": { type: "string" },
   "log-level": { type: "string" },
   help: { type: "boolean", short: "h" },
@@ -75,7 +83,13 @@ const FLAGS = {
 
 /** The most worker processes `--processes` accepts. */
 export const MAX_PROCESSES = 1024;
-const SUPERVISOR_FLAGS = new Set(["processes", "slot", "supervisor-pid", "budget-processes"]);
+const SUPERVISOR_FLAGS = new Set([
+  "processes",
+  "slot",
+  "supervisor-pid",
+  "budget-processes",
+  "previous-exit",
+]);
 /**
  * The pool size of a worker's app when neither --pool-size nor AKADZE_POOL_SIZE is given (and
  * the app's code sets none): with the loop's and the LISTEN connection, 7 per process, so that
@@ -106,6 +120,9 @@ export function workerFlagsHelp(): string {
                             rescue its jobs and it stops itself (default ${s(d.heartbeatTtl)})
   --poll-interval S         longest idle wait between claim passes (default ${s(d.pollInterval)})
   --prune-interval S        how often old finished jobs are deleted (default ${s(d.pruneInterval)})
+  --worker-id ID            this worker's id, unique per process (default host:pid:random);
+                            started again under the same id, it settles at once the jobs its
+                            previous process left running. Not with --processes above 1
   --heartbeat-file PATH     touch PATH on every loop pass (with --processes N: PATH.supervisor
                             and PATH.0 ... PATH.N-1); check it with akadze health
   --metrics-port N          serve this worker's metrics at http://HOST:N/metrics (Prometheus
@@ -191,6 +208,18 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
       MAX_PROCESSES,
     );
   }
+  // On a restart (hidden `--previous-exit PID:CODE[:SIGNAL]`): the process that ran the
+  // slot before and how it ended, to settle the jobs it left running.
+  let previousExit: { pid: number; end: ProcessEnd } | undefined;
+  if (values["previous-exit"] !== undefined) {
+    if (slot === undefined) throw new UsageError("--previous-exit goes with --slot");
+    const [pid, ...status] = values["previous-exit"].split(":");
+    const end = parseProcessEnd(status.join(":"));
+    if (!/^\d{1,10}$/.test(pid) || end === null) {
+      throw new UsageError("--previous-exit is set by the supervisor: PID:CODE[:SIGNAL]");
+    }
+    previousExit = { pid: Number(pid), end };
+  }
   const poolSize = values["pool-size"] === undefined
     ? undefined
     : parsePoolSize(values["pool-size"], "--pool-size", UsageError);
@@ -220,6 +249,18 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
       `--heartbeat-ttl (${ttl / 1000} s) must be longer than --heartbeat-interval ` +
         `(${interval / 1000} s)`,
     );
+  }
+  if (values["worker-id"] !== undefined) {
+    if (processes > 1) {
+      throw new UsageError(
+        "--worker-id names one process: with --processes N each is named after its slot",
+      );
+    }
+    const id = values["worker-id"];
+    if (id.length === 0 || id.length > 200 || [...id].some((c) => c.charCodeAt(0) < 0x20)) {
+      throw new UsageError("--worker-id needs 1 to 200 printable characters");
+    }
+    worker.id = id;
   }
   if (values["heartbeat-file"] !== undefined) {
     if (values["heartbeat-file"] === "") throw new UsageError("--heartbeat-file needs a path");
@@ -261,6 +302,7 @@ export function parseWorkerCommandLine(args: string[], command: string): WorkerC
     supervisorPid,
     poolSize,
     budgetProcesses,
+    previousExit,
     passthrough: withoutSupervisorFlags(args),
   };
 }

@@ -39,8 +39,22 @@ export interface WorkerOptions {
   maxJobs?: number;
   /** Touch this file on every loop pass (a liveness probe without database access). */
   heartbeatFile?: string;
-  /** The worker id (unique per process); default hostname:pid:random. */
+  /**
+   * The worker id (unique per process); default hostname:pid:random. A worker started
+   * again under the same id settles at once the jobs its previous process left running
+   * (see `previousProcess`).
+   */
   id?: string;
+  /**
+   * The worker process this one replaces, when it ended with jobs running: its worker `id`
+   * and, when known, how it ended (`code`, `signal`, as `Deno.ChildProcess.status` gives
+   * them). Its jobs are settled as this worker starts instead of after its
+   * `heartbeatTtl`: each is charged an attempt, with a `ProcessExited` error saying how the
+   * process ended (`WorkerLost` when that is unknown). The supervisor of
+   * `akadze worker --processes N` passes it when it restarts a worker process. Default:
+   * this worker's own `id` when one is given, ending unknown.
+   */
+  previousProcess?: { id: string; code?: number; signal?: string | null };
   /** Dispatch the app's schedules from this worker. Default true. */
   schedules?: boolean;
   /**
@@ -60,8 +74,14 @@ export interface WorkerOptions {
 
 /** Validated worker settings: every option resolved (see {@linkcode WorkerOptions}). */
 export type WorkerConfig =
-  & Readonly<Required<Omit<WorkerOptions, "maxJobs" | "heartbeatFile" | "id" | "metricsPort">>>
-  & Readonly<Pick<WorkerOptions, "maxJobs" | "heartbeatFile" | "id" | "metricsPort">>;
+  & Readonly<
+    Required<
+      Omit<WorkerOptions, "maxJobs" | "heartbeatFile" | "id" | "metricsPort" | "previousProcess">
+    >
+  >
+  & Readonly<
+    Pick<WorkerOptions, "maxJobs" | "heartbeatFile" | "id" | "metricsPort" | "previousProcess">
+  >;
 
 /** The defaults of {@linkcode WorkerOptions}. */
 export const WORKER_DEFAULTS = {
@@ -92,6 +112,7 @@ const NAMES = new Set([
   "maxJobs",
   "heartbeatFile",
   "id",
+  "previousProcess",
   "schedules",
   "metricsPort",
   "metricsHost",
@@ -149,6 +170,19 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
   if (options.id !== undefined && (typeof options.id !== "string" || options.id.length === 0)) {
     throw new AkadzeError("id must be a non-empty string");
   }
+  const previous = options.previousProcess;
+  if (
+    previous !== undefined && (
+      !isPlainObject(previous) || typeof previous.id !== "string" || previous.id.length === 0 ||
+      (previous.code !== undefined && !isIntegerIn(previous.code, 0, 255)) ||
+      (previous.signal != null && typeof previous.signal !== "string")
+    )
+  ) {
+    throw new AkadzeError(
+      "previousProcess must be { id, code?, signal? }: a worker id, an exit code from 0 to " +
+        "255, a signal name",
+    );
+  }
   return {
     queues: [...queues],
     slots,
@@ -163,6 +197,7 @@ export function resolveWorkerConfig(options: WorkerOptions = {}): WorkerConfig {
     maxJobs,
     heartbeatFile: options.heartbeatFile,
     id: options.id,
+    previousProcess: previous && { ...previous },
     metricsPort,
     metricsHost,
     metricsQueueState: options.metricsQueueState ?? WORKER_DEFAULTS.metricsQueueState,

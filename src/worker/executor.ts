@@ -38,15 +38,21 @@ import { ProgressReporter, progressStatement } from "./progress.ts";
 import { activeTracer, endRunSpan, inRunSpan, startRunSpan } from "../tracing.ts";
 import { SandboxPool } from "./sandbox_pool.ts";
 
-/** Why a run was interrupted from outside the handler. */
-export type Interrupt = "timeout" | "cancel" | "shutdown";
+/**
+ * Why a run was interrupted from outside the handler; "exit": its handler called
+ * `Deno.exit` (the run fails with the error given to `interrupt`).
+ */
+export type Interrupt = "timeout" | "cancel" | "shutdown" | "exit";
 
 /** A run in progress. */
 export interface Execution {
   /** The job. */
   readonly job: JobInfo;
-  /** Abort the run's signal and settle its outcome now (the handler may keep running). */
-  interrupt(reason: Interrupt): void;
+  /**
+   * Abort the run's signal and settle its outcome now (the handler may keep running);
+   * for "exit", as a failure with `error`.
+   */
+  interrupt(reason: Interrupt, error?: Error): void;
 }
 
 /**
@@ -129,8 +135,13 @@ export class Executor {
       if (progress === null) return onOutcome(outcome, durationMs);
       progress.then(() => onOutcome(outcome, durationMs));
     };
-    const interrupt = (reason: Interrupt) => {
+    const interrupt = (reason: Interrupt, error?: Error) => {
       if (finished) return;
+      if (reason === "exit") {
+        const failure = error ?? new Error("the handler ended the worker process");
+        ctx.abort(failure);
+        return finish({ ok: false, error: failure });
+      }
       ctx.abort(interruptError(reason, timeout));
       finish(reason);
     };
@@ -481,7 +492,10 @@ function invalidDelay(kind: "Retry" | "Snooze", delay: unknown): Error {
 }
 
 /** How a run settled: the handler's value or error, or an interrupt. */
-type Settled = { ok: true; value: unknown } | { ok: false; error: unknown } | Interrupt;
+type Settled =
+  | { ok: true; value: unknown }
+  | { ok: false; error: unknown }
+  | Exclude<Interrupt, "exit">;
 
 /** How a run's context adds children: see {@linkcode Executor}'s `#waitForChildren`. */
 type ChildrenWait = (
@@ -585,7 +599,10 @@ class RunContext implements JobContext {
   }
 }
 
-function interruptError(reason: Interrupt, timeout: number | undefined): Error {
+function interruptError(
+  reason: Exclude<Interrupt, "exit">,
+  timeout: number | undefined,
+): Error {
   switch (reason) {
     case "timeout":
       return Object.assign(new Error(`the run timed out after ${timeout} ms`), {

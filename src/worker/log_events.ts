@@ -144,6 +144,31 @@ export function logRescued(row: JobRow): void {
   });
 }
 
+/**
+ * `handler_exit`: a handler called `Deno.exit`; the worker puts its jobs back, then the
+ * process exits with that code.
+ */
+export function logHandlerExit(workerId: string, jobId: string, code: number): void {
+  log.error(
+    "job {jobId}'s handler called Deno.exit({code}): worker {workerId} charges that job an " +
+      "attempt, puts its other jobs back without spending theirs, and exits",
+    { event: "handler_exit", workerId, jobId, code },
+  );
+}
+
+/**
+ * `previous_process_settled`: the jobs a dead worker process left running were settled as
+ * this worker started (each logged `job_rescued`).
+ */
+export function logPreviousSettled(workerId: string, previousId: string, jobs: number): void {
+  log.warn("worker {workerId} settled {jobs} job(s) left running by worker {previousId}", {
+    event: "previous_process_settled",
+    workerId,
+    previousId,
+    jobs,
+  });
+}
+
 /** A job that ran in the worker, by its claim. */
 export interface RunRef {
   /** Job id. */

@@ -1,7 +1,9 @@
 /**
  * The rescuer: every worker puts back the running jobs of workers whose heartbeat is older
  * than their TTL (every pass), or whose row no longer exists (every RESCUE_FULL_EVERY): queued with an attempt spent (failed when
- * none remain), error `WorkerLost`. Then it removes stale worker rows that hold no jobs.
+ * none remain), error `WorkerLost`. Then it removes stale worker rows that hold no jobs. A
+ * worker that replaces a dead process puts back that process's jobs the same way as it
+ * starts (`settleWorker`), with an error that says how the process ended.
  *
  * @module
  */
@@ -58,8 +60,8 @@ export interface RescueResult {
 export class Rescuer extends Periodic<RescueResult> {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
-  #find: { stale: string; full: string };
-  #rescue: { stale: string; full: string };
+  #find: Record<RescueKind, string>;
+  #rescue: Record<RescueKind, string>;
   #removeStale: string;
   #chargeBlock: string;
   /** The dead-letter targets as the rescue's parameters: tasks, their targets, the queues. */
@@ -94,11 +96,18 @@ export class Rescuer extends Periodic<RescueResult> {
         select 1 from ${s}.workers w
          where w.id = c.worker_id
            and w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond')`;
+    // ...or, for the worker that settles what a dead process left (settleWorker), its jobs.
+    const worker = (id: string) => `${s}.jobs c where c.state = 'running' and c.worker_id = ${id}`;
     const find = (from: string) => `select c.id::text as id from ${from} limit ${batch}`;
     // A job the rescue fails (its last attempt was lost) gets its task's dead letter in the
     // same statement ($2..$4: task, dead-letter task, its queue).
     const names = columnsOf("row").map((c) => c.name).join(", ");
-    const rescue = (from: string) => `
+    // Worded as rescueMessage() says: chargeBlock finds the entry by it.
+    const lostEntry = `'WorkerLost', 'message', 'worker ' || lost.worker_id ||
+          ' stopped heartbeating during the run'`;
+    // How the process ended ($6: the error's name, $7: its message).
+    const endedEntry = `$6::text, 'message', $7::text`;
+    const rescue = (from: string, entry: string) => `
       with lost as (
         select c.id, c.worker_id from ${from}
            and ($1::bigint[] is null or c.id = any($1::bigint[]))
@@ -114,9 +123,7 @@ export class Rescuer extends Periodic<RescueResult> {
                                 = 'queued'
                            then null else now() end,
         -- worker_id stays: the lost worker ran this attempt.
-        -- Worded as rescueMessage() says: chargeBlock finds the entry by it.
-        errors = ${s}.append_error(j.errors, jsonb_build_object('error', 'WorkerLost',
-          'message', 'worker ' || lost.worker_id || ' stopped heartbeating during the run',
+        errors = ${s}.append_error(j.errors, jsonb_build_object('error', ${entry},
           'attempt', j.attempt + 1, 'worker', lost.worker_id))
       from lost where j.id = lost.id
       returning ${JOB_RETURNING}, ${deadLetterArgs("j")} as dead_args),
@@ -127,8 +134,12 @@ export class Rescuer extends Periodic<RescueResult> {
             on d.task = upd.task
          where upd.state = 'failed')
       select ${names} from upd`;
-    this.#find = { stale: find(stale), full: find(full) };
-    this.#rescue = { stale: rescue(stale), full: rescue(full) };
+    this.#find = { stale: find(stale), full: find(full), worker: find(worker("$1::text")) };
+    this.#rescue = {
+      stale: rescue(stale, lostEntry),
+      full: rescue(full, lostEntry),
+      worker: rescue(worker("$5::text"), endedEntry),
+    };
     // The last rescue entry naming this worker, on a job whose run no longer owns it, is
     // re-worded (matched by value: a write meanwhile may shift the list); a bystander's
     // attempt is given back unless the rescue failed the job.
@@ -171,20 +182,7 @@ export class Rescuer extends Periodic<RescueResult> {
   async runOnce(options: { full?: boolean } = {}): Promise<RescueResult> {
     const now = performance.now();
     const full = options.full ?? now - this.#fullAt >= this.#fullEvery;
-    const kind = full ? "full" : "stale";
-    let rescued: JobRow[];
-    if (this.#hooks.length === 0) {
-      rescued = await this.#statement(this.#sql, kind, null);
-    } else {
-      const ids = (await this.#sql.unsafe(this.#find[kind])).map((r) => r.id as string);
-      rescued = (await applyTransitions(
-        this.#sql,
-        this.#hooks,
-        ids,
-        () => "running",
-        (tx, items) => this.#statement(tx, kind, items),
-      )).rows;
-    }
+    const rescued = await this.#rescueJobs(full ? "full" : "stale", null, []);
     if (full) this.#fullAt = now;
     const removed = await this.#sql.unsafe(this.#removeStale);
     for (const row of rescued) logRescued(row);
@@ -226,17 +224,57 @@ export class Rescuer extends Periodic<RescueResult> {
     return { charged, refunded: rows.length - charged };
   }
 
+  /**
+   * Settle at once the jobs that worker `workerId`, whose process ended (`ended`: how, in
+   * words), left running: each is charged an attempt (failed when none is left, with its
+   * dead letter) with error `errorName` saying how the process ended. The worker that
+   * replaces that process (the next one of its supervisor's slot, or a restart under its
+   * fixed id) calls it as it starts, instead of waiting for the lease to lapse. Logged
+   * `job_rescued`; returns the jobs.
+   */
+  async settleWorker(workerId: string, errorName: string, ended: string): Promise<JobRow[]> {
+    const ids = (await this.#sql.unsafe(this.#find.worker, [workerId])).map((r) => r.id as string);
+    if (ids.length === 0) return [];
+    const others = ids.length === 2 ? "another job" : `${ids.length - 1} other jobs`;
+    const message = ids.length === 1 ? `${ended} during this run` : `${ended} while it also ran ` +
+      `${others}: which one ended it is unknown, so each is charged an attempt`;
+    const rows = await this.#rescueJobs("worker", ids, [workerId, errorName, message]);
+    for (const row of rows) logRescued(row);
+    return rows;
+  }
+
+  /**
+   * One rescue of `kind` (`more`: its parameters from $5), of the jobs `ids` when given,
+   * through the hooks if any.
+   */
+  async #rescueJobs(kind: RescueKind, ids: string[] | null, more: string[]): Promise<JobRow[]> {
+    if (this.#hooks.length === 0) return await this.#statement(this.#sql, kind, ids, more);
+    ids ??= (await this.#sql.unsafe(this.#find[kind])).map((r) => r.id as string);
+    return (await applyTransitions(
+      this.#sql,
+      this.#hooks,
+      ids,
+      () => "running",
+      (tx, items) => this.#statement(tx, kind, items, more),
+    )).rows;
+  }
+
   async #statement(
     tx: Sql | TransactionSql,
-    kind: "stale" | "full",
+    kind: RescueKind,
     ids: readonly string[] | null,
+    more: string[],
   ): Promise<JobRow[]> {
     return await tx.unsafe(this.#rescue[kind], [
       ids as string[] | null,
       ...this.#deadLetters,
+      ...more,
     ] as never) as unknown as JobRow[];
   }
 }
+
+/** Whose jobs a rescue looks at: stale workers', gone workers', or one dead process's. */
+type RescueKind = "stale" | "full" | "worker";
 
 /** The stored error message of a rescue from worker `workerId` (as the rescue writes it). */
 function rescueMessage(workerId: string): string {

@@ -106,6 +106,17 @@ export class Slots {
     run.execution?.interrupt("cancel");
   }
 
+  /**
+   * Interrupt the run of `jobId` (see `Execution.interrupt`); false when it does not run
+   * here.
+   */
+  interrupt(jobId: string, reason: Interrupt, error?: Error): boolean {
+    const run = this.#runs.get(jobId);
+    if (!run) return false;
+    run.execution?.interrupt(reason, error);
+    return true;
+  }
+
   /** Interrupt every run: each settles its outcome at once. */
   interruptAll(reason: Interrupt): void {
     for (const run of [...this.#runs.values()]) run.execution?.interrupt(reason);

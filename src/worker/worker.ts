@@ -25,6 +25,12 @@ import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
+import {
+  describeProcessEnd,
+  exitProcess,
+  guardProcessExit,
+  type ProcessExited,
+} from "./process_end.ts";
 import { reportThroughMeter } from "./otel_metrics.ts";
 import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
@@ -41,6 +47,10 @@ export type { WorkerExit } from "./worker_exit.ts";
 const DB_BACKOFF_MAX = 30_000;
 /** How long the last writes (and a prune) may take once the loop is done (ms). */
 const RELEASE_TIMEOUT = 5_000;
+/** A worker process that ended with jobs running (see `WorkerOptions.previousProcess`). */
+type PreviousProcess = NonNullable<WorkerOptions["previousProcess"]>;
+/** The fixed worker ids that ran in this process (a later run under one is no restart). */
+const RAN_HERE = new Set<string>();
 
 /**
  * A worker process's engine: claims jobs of its queues and runs them.
@@ -86,6 +96,11 @@ export class Worker {
   /** The run ended while its loop was stuck in a query (the watchdog): it runs nothing more. */
   #loopLeft = false;
   #draining = false;
+  /** The process this worker replaces, until the jobs it left running are settled. */
+  #previous: PreviousProcess | null = null;
+  #ranBefore = false;
+  /** A handler called `Deno.exit` with this code: the process exits once the jobs are put back. */
+  #exitCode: number | null = null;
 
   /**
    * Make a worker for an app; options are validated now (`AkadzeError`).
@@ -247,6 +262,7 @@ export class Worker {
     }
     this.#heartbeat.begin();
     this.#completer.writeFinalOn(false);
+    this.#previous = this.#previousProcess();
     let listener: Listener;
     try {
       // Made per run: on a connection of its own to app.listenUrl when given, else on the pool.
@@ -275,6 +291,7 @@ export class Worker {
       onStray: (stray) => log.logStray(this.id, stray),
     });
     const stopReporting = reportThroughMeter(this.metrics);
+    const unguardExit = guardProcessExit((jobId, error) => this.#handlerExit(jobId, error));
     log.logStarted(this.id, this.config.queues, this.config.slots);
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
@@ -294,6 +311,13 @@ export class Worker {
       exit = await Promise.race([loop, stalled]);
       watch.stop();
       pruned = this.#pruner.settle(RELEASE_TIMEOUT);
+      if (this.#exitCode !== null) {
+        exit = {
+          code: 1,
+          reason: "fatal",
+          message: `a handler called Deno.exit(${this.#exitCode})`,
+        };
+      }
       if (exit.code === 0) await this.#drain(exit.reason !== "stopped");
       else await this.#abandonRuns();
       ended = true;
@@ -310,11 +334,15 @@ export class Worker {
       ]);
       this.#running = false;
       stopReporting();
+      unguardExit();
       // Thrown out of the loop: nothing below runs, so the guard goes now.
       if (!ended) removeGuard();
     }
     try {
-      if (exit.code === 0) await this.#heartbeat.remove().catch(() => false);
+      // After a handler's Deno.exit too: its jobs are back, the process is about to end.
+      if (exit.code === 0 || this.#exitCode !== null) {
+        await this.#heartbeat.remove().catch(() => false);
+      }
       // A loop left stuck in a statement (the watchdog) keeps its connection until that
       // statement returns: cutting it could leave a claim committed that no one puts back.
       if (this.#loopLeft) void loop.catch(() => {}).finally(() => this.#connection.close());
@@ -324,7 +352,55 @@ export class Worker {
       removeGuard();
     }
     log.logStopped(this.id, exit);
+    if (this.#exitCode !== null) exitProcess(this.#exitCode);
     return exit;
+  }
+
+  /**
+   * A handler called `Deno.exit` during the run of `jobId`: if it runs here, that run fails
+   * with `error` (an attempt spent), and the worker stops at once, putting its other jobs
+   * back without spending theirs; the run then ends the process with the handler's code.
+   */
+  #handlerExit(jobId: string, error: ProcessExited): boolean {
+    if (!this.#slots.interrupt(jobId, "exit", error)) return false;
+    if (this.#exitCode !== null) return true; // the first call's code stands
+    this.#exitCode = error.code;
+    log.logHandlerExit(this.id, jobId, error.code);
+    this.stop();
+    // The other runs go back now, not after a drain: the process is to end.
+    this.#slots.interruptAll("shutdown");
+    // The handler asked to end the process: the writes get their time, not more.
+    setTimeout(() => exitProcess(error.code), 2 * RELEASE_TIMEOUT);
+    return true;
+  }
+
+  /**
+   * The process this run replaces, if any: the one `previousProcess` names (on the first
+   * run), or a previous process under this worker's fixed id. Jobs left running under an id
+   * that already ran in this process were not left by a dead process (a claim whose reply
+   * was lost, a release not written): the first beat puts those back unspent.
+   */
+  #previousProcess(): PreviousProcess | null {
+    const { previousProcess, id } = this.config;
+    const first = !this.#ranBefore;
+    this.#ranBefore = true;
+    const restart = id !== undefined && !RAN_HERE.has(id);
+    if (id !== undefined) RAN_HERE.add(id);
+    if (!first) return null;
+    return previousProcess ?? (restart && id !== undefined ? { id } : null);
+  }
+
+  /**
+   * Settle what the process this worker replaces left running: each job is charged an
+   * attempt, with an error saying how that process ended (see `Rescuer.settleWorker`).
+   */
+  async #settlePrevious(previous: PreviousProcess): Promise<void> {
+    const { id, code, signal } = previous;
+    const [name, ended] = code === undefined
+      ? ["WorkerLost", `the previous process of worker ${id} ended (how is unknown)`]
+      : ["ProcessExited", `the worker process ${id} ${describeProcessEnd({ code, signal })}`];
+    const rows = await this.#rescuer.settleWorker(id, name, ended);
+    if (rows.length > 0) log.logPreviousSettled(this.id, id, rows.length);
   }
 
   async #loop(listener: Listener): Promise<WorkerExit> {
@@ -342,6 +418,11 @@ export class Worker {
       let [full, foundNothing, idle] = [false, false, false];
       try {
         if (this.#app.notify) await listener.ensure();
+        // Before the first claim: the jobs a dead process left go back now, not after its lease.
+        if (this.#previous) {
+          await this.#settlePrevious(this.#previous);
+          this.#previous = null;
+        }
         await this.#rescuer.runIfDue();
         this.#pruner.startIfDue();
         await this.#scheduler?.runOnce();
@@ -408,8 +489,11 @@ export class Worker {
     for (const block of this.#blocks.take()) {
       await this.#rescuer.chargeBlock(this.id, block).catch(log.logBlockChargeFailed);
     }
-    // Every job running under this id, on a beat that looked for orphans (heartbeat.ts).
-    this.#completer.release(lease.beat.running?.filter((r) => !known.has(r.id)) ?? []);
+    // Every job running under this id, on a beat that looked for orphans (heartbeat.ts);
+    // those of a previous process under this id are settled by #settlePrevious instead.
+    if (this.#previous?.id !== this.id) {
+      this.#completer.release(lease.beat.running?.filter((r) => !known.has(r.id)) ?? []);
+    }
     return null;
   }
 
