@@ -146,7 +146,8 @@ export async function enqueueFlow(
     );
   }
   const s = quoteSchema(host.schema);
-  const text = `select step, id::text as id from ${s}.enqueue_flow($1::text::jsonb)`;
+  const text =
+    `select step, id::pg_catalog.text as id from ${s}.enqueue_flow($1::pg_catalog.text::pg_catalog.jsonb)`;
   const params = [JSON.stringify(ordered)];
   const hooks = host.hooks.onEnqueue;
   const run = async (
@@ -161,8 +162,8 @@ export async function enqueueFlow(
     const byName = new Map((ordered as SqlStep[]).map((step) => [step.name, step]));
     // The columns an enqueue reads back (the enqueue role's grant); the rest are the steps'.
     const inserted = await (tx as TransactionSql).unsafe(
-      `select id::text as id, run_at, expires_at, args::jsonb as args
-         from ${s}.jobs where id = any($1::bigint[]) order by id`,
+      `select id::pg_catalog.text as id, run_at, expires_at, args::pg_catalog.jsonb as args
+         from ${s}.jobs where id operator(pg_catalog.=) any($1::bigint[]) order by id`,
       [`{${ids.join(",")}}`],
     );
     for (const row of inserted) {
@@ -503,8 +504,8 @@ export async function flowJobs(
   flowId: string,
 ): Promise<[string, string][]> {
   const rows = await sql.unsafe(
-    `select id::text as id, step from ${quoteSchema(schema)}.jobs
-      where flow_id = $1::bigint order by id`,
+    `select id::pg_catalog.text as id, step from ${quoteSchema(schema)}.jobs
+      where flow_id operator(pg_catalog.=) $1::bigint order by id`,
     [flowId],
   );
   return rows.map((r) => [(r.step ?? r.id) as string, r.id as string]);
