@@ -370,7 +370,7 @@ function unlimitedReady(
 
 /** `unnest(queues, slots)` as `q(name, n, ord)` without the paused queues. */
 function openQueues(s: string, queues: string, slots: string): string {
-  return `(select * from pg_catalog.unnest(${queues}::pg_catalog.text[], ${slots}::int[]) with ordinality as u(name, n, ord)
+  return `(select * from rows from (pg_catalog.unnest(${queues}::pg_catalog.text[]), pg_catalog.unnest(${slots}::int[])) with ordinality as u(name, n, ord)
            where not exists (select 1 from ${s}.queue_pauses p where p.queue operator(pg_catalog.=) u.name)) as q`;
 }
 

@@ -309,7 +309,7 @@ export async function retryTransient<T>(
 function deleteStatement(s: string): string {
   return `
     delete from ${s}.jobs j
-     using pg_catalog.unnest($1::bigint[], $2::int[]) as o(id, run_count)
+     using rows from (pg_catalog.unnest($1::bigint[]), pg_catalog.unnest($2::int[])) as o(id, run_count)
      where j.id operator(pg_catalog.=) o.id and j.run_count operator(pg_catalog.=) o.run_count and j.state operator(pg_catalog.=) 'running'
        and j.cancel_requested_at is null and not j.awaited
     returning j.id::pg_catalog.text`;

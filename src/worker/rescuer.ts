@@ -124,7 +124,7 @@ export class Rescuer extends Periodic<RescueResult> {
       dead as (
         insert into ${s}.jobs (task, queue, args)
         select d.dead_task, d.dead_queue, upd.dead_args
-          from upd join pg_catalog.unnest($2::pg_catalog.text[], $3::pg_catalog.text[], $4::pg_catalog.text[]) as d(task, dead_task, dead_queue)
+          from upd join rows from (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]), pg_catalog.unnest($4::pg_catalog.text[])) as d(task, dead_task, dead_queue)
             on d.task operator(pg_catalog.=) upd.task
          where upd.state operator(pg_catalog.=) 'failed')
       select ${names} from upd`;
@@ -135,7 +135,7 @@ export class Rescuer extends Periodic<RescueResult> {
     // attempt is given back unless the rescue failed the job.
     this.#chargeBlock = `
       with o as (
-        select * from pg_catalog.unnest($2::bigint[], $3::integer[], $4::pg_catalog.text[]::boolean[])
+        select * from rows from (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::integer[]), pg_catalog.unnest($4::pg_catalog.text[]::boolean[]))
           as o(id, run_count, culprit)),
       hit as (
         select j.id, o.culprit,
