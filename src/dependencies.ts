@@ -30,10 +30,13 @@ export async function readDependencies(
   const s = quoteSchema(schema);
   const rows = await sql.unsafe(
     `select j.id::pg_catalog.text as id, j.step, j.task::pg_catalog.text as task, j.state, j.result,
-            j.flow_id operator(pg_catalog.=) (select flow_id from ${s}.jobs where id operator(pg_catalog.=) $1::bigint) as same_flow,
+            j.flow_id operator(pg_catalog.=) (select flow_id from ${s}.jobs where id
+              operator(pg_catalog.=) $1::bigint) as same_flow,
             case when pg_catalog.jsonb_array_length(j.errors) operator(pg_catalog.>) 0
-                 then pg_catalog.jsonb_build_object('error', j.errors operator(pg_catalog.->) -1 operator(pg_catalog.->>) 'error',
-                                         'message', j.errors operator(pg_catalog.->) -1 operator(pg_catalog.->>) 'message') end as error
+                 then pg_catalog.jsonb_build_object('error', j.errors operator(pg_catalog.->) -1
+                   operator(pg_catalog.->>) 'error',
+                                         'message', j.errors operator(pg_catalog.->) -1
+                                           operator(pg_catalog.->>) 'message') end as error
        from ${s}.job_dependencies d join ${s}.jobs j on j.id operator(pg_catalog.=) d.depends_on
       where d.job_id operator(pg_catalog.=) $1::bigint order by j.id`,
     [jobId],

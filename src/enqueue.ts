@@ -439,8 +439,11 @@ function insertStatement(
         (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key,
          trace_context)`;
   const values = `$1::pg_catalog.text, $2::pg_catalog.text, $3::smallint, ARGS, $5::int,
-             coalesce($6::pg_catalog.timestamptz, pg_catalog.now() operator(pg_catalog.+) (coalesce($7::pg_catalog.float8, 0) operator(pg_catalog.*) interval '1 millisecond')),
-             $8::pg_catalog.timestamptz, $9::pg_catalog.text, $10::pg_catalog.text, $11::pg_catalog.text::pg_catalog.jsonb`;
+             coalesce($6::pg_catalog.timestamptz, pg_catalog.now() operator(pg_catalog.+)
+               (coalesce($7::pg_catalog.float8, 0)
+                 operator(pg_catalog.*) interval '1 millisecond')),
+             $8::pg_catalog.timestamptz, $9::pg_catalog.text, $10::pg_catalog.text,
+               $11::pg_catalog.text::pg_catalog.jsonb`;
   const conflict = shape.unique
     ? `on conflict (unique_key) where state operator(pg_catalog.=) any (array[${
       stateList(ACTIVE_STATES)
@@ -474,7 +477,8 @@ function insertStatement(
       insert into ${columns}
       select ${bulkColumns("k", "x.args")}
         from ${bulkShared(s)} k
-       cross join pg_catalog.jsonb_array_elements($4::pg_catalog.text::pg_catalog.jsonb) with ordinality as x(args, i)
+       cross join pg_catalog.jsonb_array_elements($4::pg_catalog.text::pg_catalog.jsonb)
+         with ordinality as x(args, i)
        order by x.i
       ${conflict}
       returning ${returning})
@@ -492,12 +496,17 @@ function insertStatement(
  * INSERT's time in PostgreSQL. The same checks on the same values: nothing else changes.
  */
 function bulkShared(s: string): string {
-  return `(select $1::pg_catalog.text::${s}.task_name as task, $2::pg_catalog.text::${s}.queue_name as queue,
+  return `(select $1::pg_catalog.text::${s}.task_name as task,
+    $2::pg_catalog.text::${s}.queue_name as queue,
                 $3::smallint as priority, $5::int as max_attempts,
                 coalesce($6::pg_catalog.timestamptz,
-                         (pg_catalog.now() operator(pg_catalog.+) (coalesce($7::pg_catalog.float8, 0) operator(pg_catalog.*) interval '1 millisecond'))) as run_at,
-                $8::pg_catalog.timestamptz as expires_at, $9::pg_catalog.text::${s}.job_key as unique_key,
-                $10::pg_catalog.text::${s}.job_key as limit_key, $11::pg_catalog.text::pg_catalog.jsonb as trace_context
+                         (pg_catalog.now() operator(pg_catalog.+)
+                           (coalesce($7::pg_catalog.float8, 0)
+                             operator(pg_catalog.*) interval '1 millisecond'))) as run_at,
+                $8::pg_catalog.timestamptz as expires_at,
+                  $9::pg_catalog.text::${s}.job_key as unique_key,
+                $10::pg_catalog.text::${s}.job_key as limit_key,
+                  $11::pg_catalog.text::pg_catalog.jsonb as trace_context
            offset 0)`;
 }
 

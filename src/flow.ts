@@ -146,8 +146,8 @@ export async function enqueueFlow(
     );
   }
   const s = quoteSchema(host.schema);
-  const text =
-    `select step, id::pg_catalog.text as id from ${s}.enqueue_flow($1::pg_catalog.text::pg_catalog.jsonb)`;
+  const text = `select step, id::pg_catalog.text as id from
+      ${s}.enqueue_flow($1::pg_catalog.text::pg_catalog.jsonb)`;
   const params = [JSON.stringify(ordered)];
   const hooks = host.hooks.onEnqueue;
   const run = async (

@@ -80,10 +80,13 @@ with holders as (
      and (s.database is null or s.database operator(pg_catalog.=) pg_catalog.current_database())
 )
 select source,
-       coalesce(greatest(pg_catalog.max(extract(epoch from pg_catalog.now() operator(pg_catalog.-) xact_start)), 0), 0)::pg_catalog.float8 as seconds,
+       coalesce(greatest(pg_catalog.max(extract(epoch from pg_catalog.now()
+         operator(pg_catalog.-) xact_start)), 0), 0)::pg_catalog.float8 as seconds,
        coalesce(pg_catalog.max(xids), 0)::pg_catalog.int8 as xids,
-       (pg_catalog.array_agg(pid order by xact_start) filter (where xact_start is not null))[1] as pid,
-       (pg_catalog.count(*) filter (where source operator(pg_catalog.=) 'session' and xact_start is null))::int as hidden
+       (pg_catalog.array_agg(pid order by xact_start) filter
+         (where xact_start is not null))[1] as pid,
+       (pg_catalog.count(*) filter (where source operator(pg_catalog.=) 'session'
+         and xact_start is null))::int as hidden
   from holders group by source`;
 
 /**
@@ -105,8 +108,10 @@ export async function readHorizon(
   const rows = await unlessDenied(sql, (s) => s.unsafe(HOLDERS_SQL));
   const stats = await unlessDenied(sql, (s) =>
     s.unsafe(
-      `select n_dead_tup::pg_catalog.int8 as dead, greatest(last_vacuum, last_autovacuum) as vacuumed
-         from pg_catalog.pg_stat_user_tables where relid operator(pg_catalog.=) pg_catalog.to_regclass($1)`,
+      `select n_dead_tup::pg_catalog.int8 as dead,
+        greatest(last_vacuum, last_autovacuum) as vacuumed
+         from pg_catalog.pg_stat_user_tables where relid operator(pg_catalog.=)
+           pg_catalog.to_regclass($1)`,
       [jobsTable],
     ));
   let holders: Horizon["holders"] = null;

@@ -366,7 +366,8 @@ function preamble(schema: string): string[] {
   return [
     // The schema is checked and quoted by quoteSchema, so it can be a literal here. A DO
     // block, so that the script returns no rows where a tool expects none.
-    `do $$ begin perform pg_advisory_xact_lock(hashtextextended('akadze:migrate:${schema}', 0)); end $$`,
+    `do $$ begin perform pg_catalog.pg_advisory_xact_lock(
+      pg_catalog.hashtextextended('akadze:migrate:${schema}', 0)); end $$`,
     `create schema if not exists ${schema}`,
     `create table if not exists ${schema}.schema_migrations (
   version text primary key,
@@ -442,7 +443,8 @@ export function migrationSql(options: MigrationSqlOptions = {}): string {
       `-- version ${migration.version}`,
       "DO $akadze_migrate$",
       "BEGIN",
-      `  IF NOT EXISTS (SELECT FROM ${schema}.schema_migrations WHERE version operator(pg_catalog.=) '${migration.version}') THEN`,
+      `  IF NOT EXISTS (SELECT FROM ${schema}.schema_migrations WHERE version
+        operator(pg_catalog.=) '${migration.version}') THEN`,
       `    EXECUTE ${tag}`,
       body.trimEnd(),
       `${tag};`,

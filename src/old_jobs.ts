@@ -24,7 +24,8 @@ function prunedStates(includeFailed: boolean): string {
 export function oldJobsCondition(includeFailed: boolean, alias?: string): string {
   const a = alias === undefined ? "" : `${alias}.`;
   return `${a}state operator(pg_catalog.=) any (array[${prunedStates(includeFailed)}]) and ` +
-    `${a}finished_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-) ($1::pg_catalog.float8 operator(pg_catalog.*) interval '1 millisecond'))`;
+    `${a}finished_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+      ($1::pg_catalog.float8 operator(pg_catalog.*) interval '1 millisecond'))`;
 }
 
 /** The condition of a job outside flows that no job depends on (on alias `alias`). */
@@ -64,10 +65,10 @@ export function pruneStatements(s: string, includeFailed: boolean): PruneStateme
  */
 export function countOldJobsStatement(s: string, includeFailed: boolean): string {
   const live = (dependency: string) =>
-    `exists (select 1 from ${s}.job_dependencies d join ${s}.jobs w on w.id operator(pg_catalog.=) d.job_id
-              where d.depends_on operator(pg_catalog.=) ${dependency} and w.state operator(pg_catalog.=) any (array[${
-      stateList(ACTIVE_STATES)
-    }]))`;
+    `exists (select 1 from ${s}.job_dependencies d join ${s}.jobs w on w.id
+      operator(pg_catalog.=) d.job_id
+              where d.depends_on operator(pg_catalog.=) ${dependency} and w.state
+                operator(pg_catalog.=) any (array[${stateList(ACTIVE_STATES)}]))`;
   return `select
     (select pg_catalog.count(*) from ${s}.jobs where ${
     oldJobsCondition(includeFailed)
@@ -75,7 +76,8 @@ export function countOldJobsStatement(s: string, includeFailed: boolean): string
     operator(pg_catalog.+) (select pg_catalog.count(*) from ${s}.jobs j
         where ${oldJobsCondition(includeFailed, "j")} and j.flow_id is null and j.has_dependents
           and not ${live("j.id")})
-    operator(pg_catalog.+) (select pg_catalog.count(*) from ${s}.jobs x where x.flow_id operator(pg_catalog.=) any (
+    operator(pg_catalog.+) (select pg_catalog.count(*) from ${s}.jobs x where x.flow_id
+      operator(pg_catalog.=) any (
         select r.id from ${s}.jobs r
          where ${oldJobsCondition(includeFailed, "r")} and r.flow_id operator(pg_catalog.=) r.id
            and not exists (select 1 from ${s}.jobs y where y.flow_id operator(pg_catalog.=) r.id

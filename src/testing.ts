@@ -208,7 +208,8 @@ export async function assertEnqueued(
   const s = quoteSchema(app.schema);
   const rows = await explainMissingSchema(app.schema, () =>
     app.sql.unsafe(
-      `select id::pg_catalog.text as id, args operator(pg_catalog.@>) $2::pg_catalog.text::pg_catalog.jsonb as match from ${s}.jobs
+      `select id::pg_catalog.text as id, args operator(pg_catalog.@>)
+        $2::pg_catalog.text::pg_catalog.jsonb as match from ${s}.jobs
         where task operator(pg_catalog.=) $1 and state operator(pg_catalog.=) any (array[${
         stateList(ACTIVE_STATES)
       }]) order by jobs.id`,
@@ -261,9 +262,12 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
   const pending = async (): Promise<string[]> =>
     (await app.sql.unsafe(
       `select distinct queue from ${s}.jobs
-        where state operator(pg_catalog.=) 'queued' and task operator(pg_catalog.=) any($1::pg_catalog.text[])
-          and (run_at operator(pg_catalog.<=) pg_catalog.now() or cancel_requested_at is not null or expires_at operator(pg_catalog.<=) pg_catalog.now())
-          and not exists (select 1 from ${s}.queue_pauses p where p.queue operator(pg_catalog.=) jobs.queue)`,
+        where state operator(pg_catalog.=) 'queued' and task
+          operator(pg_catalog.=) any($1::pg_catalog.text[])
+          and (run_at operator(pg_catalog.<=) pg_catalog.now() or cancel_requested_at is not null
+            or expires_at operator(pg_catalog.<=) pg_catalog.now())
+          and not exists (select 1 from ${s}.queue_pauses p where p.queue
+            operator(pg_catalog.=) jobs.queue)`,
       [tasks],
     )).map((r) => r.queue as string);
   let queues = options.queues ?? [...new Set([...defaults, ...await pending()])].sort();
@@ -285,8 +289,11 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
     if (exit.reason === "max_jobs") {
       const [{ n }] = await app.sql.unsafe(
         `select pg_catalog.count(*)::int as n from ${s}.jobs
-          where state operator(pg_catalog.=) 'queued' and run_at operator(pg_catalog.<=) pg_catalog.now()
-            and (queue operator(pg_catalog.=) any($1::pg_catalog.text[]) or ($1::pg_catalog.text[] is null and task operator(pg_catalog.=) any($2::pg_catalog.text[])))`,
+          where state operator(pg_catalog.=) 'queued' and run_at operator(pg_catalog.<=)
+            pg_catalog.now()
+            and (queue operator(pg_catalog.=) any($1::pg_catalog.text[]) or
+              ($1::pg_catalog.text[] is null and task
+                operator(pg_catalog.=) any($2::pg_catalog.text[])))`,
         [options.queues ?? null, tasks],
       );
       if (n > 0) {
@@ -347,9 +354,12 @@ export async function makeReady(app: Akadze, options: MakeReadyOptions = {}): Pr
   const rows = await explainMissingSchema(app.schema, () =>
     app.sql.unsafe(
       `update ${s}.jobs set run_at = pg_catalog.now()
-        where state operator(pg_catalog.=) 'queued' and run_at operator(pg_catalog.>) pg_catalog.now() and cancel_requested_at is null
-          and ($1::pg_catalog.text[] is null or task operator(pg_catalog.=) any($1::pg_catalog.text[]))
-          and ($2::pg_catalog.text[] is null or queue operator(pg_catalog.=) any($2::pg_catalog.text[]))
+        where state operator(pg_catalog.=) 'queued' and run_at operator(pg_catalog.>)
+          pg_catalog.now() and cancel_requested_at is null
+          and ($1::pg_catalog.text[] is null or task
+            operator(pg_catalog.=) any($1::pg_catalog.text[]))
+          and ($2::pg_catalog.text[] is null or queue
+            operator(pg_catalog.=) any($2::pg_catalog.text[]))
           and ($3::bigint[] is null or id operator(pg_catalog.=) any($3::bigint[]))
         returning queue`,
       [tasks, queues, ids],

@@ -51,7 +51,8 @@ export async function requestCancel(
         stateList(ACTIVE_STATES)
       }])
          returning id, state)
-       select m.id, (select pg_catalog.pg_notify($2, m.id::pg_catalog.text) where m.state operator(pg_catalog.=) 'running') from marked m`,
+       select m.id, (select pg_catalog.pg_notify($2, m.id::pg_catalog.text) where m.state
+         operator(pg_catalog.=) 'running') from marked m`,
       [id, cancelChannel(schema)],
     ));
   return rows.length > 0;
@@ -105,7 +106,8 @@ export async function requeue(
     ),
     moved as (
       update ${s}.jobs j set ${REQUEUE_SET}
-        from target where j.id operator(pg_catalog.=) target.id and target.state operator(pg_catalog.=) 'failed'
+        from target where j.id operator(pg_catalog.=) target.id and target.state
+          operator(pg_catalog.=) 'failed'
       returning j.queue)
     select (select state from target) as state,
            (select pg_catalog.pg_notify($2, queue) from moved) as notified,
@@ -248,9 +250,10 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
  * state, $3 queue, $4 since, $5 flow (each null for no condition; the statements are
  * planned with their values, so a flow reads the flow index).
  */
-const FILTER =
-  `($1::pg_catalog.text is null or j.task operator(pg_catalog.=) $1) and ($2::pg_catalog.text is null or j.state operator(pg_catalog.=) $2)
-  and ($3::pg_catalog.text is null or j.queue operator(pg_catalog.=) $3) and ($4::pg_catalog.timestamptz is null or j.created_at operator(pg_catalog.>=) $4)
+const FILTER = `($1::pg_catalog.text is null or j.task operator(pg_catalog.=) $1) and
+    ($2::pg_catalog.text is null or j.state operator(pg_catalog.=) $2)
+  and ($3::pg_catalog.text is null or j.queue operator(pg_catalog.=) $3) and
+    ($4::pg_catalog.timestamptz is null or j.created_at operator(pg_catalog.>=) $4)
   and ($5::bigint is null or j.flow_id operator(pg_catalog.=) $5::bigint)`;
 
 /** The five parameters of {@linkcode FILTER}, validated; `AkadzeError` when one is wrong. */
@@ -348,7 +351,8 @@ export async function requeueJobs(
       select m.id, m.unique_key is not null and (
           exists (select 1 from ${s}.jobs a where a.unique_key operator(pg_catalog.=) m.unique_key
                    and a.state operator(pg_catalog.=) any (array[${stateList(ACTIVE_STATES)}]))
-          or pg_catalog.row_number() over (partition by m.unique_key order by m.id desc) operator(pg_catalog.>) 1
+          or pg_catalog.row_number() over (partition by m.unique_key order by m.id desc)
+            operator(pg_catalog.>) 1
         ) as held
         from matched m
     )`;
@@ -363,7 +367,8 @@ export async function requeueJobs(
            returning j.queue),
          notified as (
            select pg_catalog.pg_notify($6, q.queue) from (select distinct queue from moved) q)
-         select r.id::pg_catalog.text as id, r.held, (select pg_catalog.count(*) from notified) as n from ranked r`,
+         select r.id::pg_catalog.text as id, r.held, (select pg_catalog.count(*)
+           from notified) as n from ranked r`,
         [...params, jobsChannel(schema)],
       );
     const skipped = rows.filter((r) => r.held).map((r) => r.id as string);
@@ -427,7 +432,8 @@ export async function cancelJobs(
           `with marked as (
            update ${s}.jobs j set ${CANCEL_SET} where ${where}
            returning j.id, j.state),
-         notified as (select pg_catalog.pg_notify($6, m.id::pg_catalog.text) from marked m where m.state operator(pg_catalog.=) 'running')
+         notified as (select pg_catalog.pg_notify($6, m.id::pg_catalog.text) from marked m
+           where m.state operator(pg_catalog.=) 'running')
          select (select pg_catalog.count(*)::int from marked) as n,
                 (select pg_catalog.count(*)::int from notified) as notified`,
           [...params, cancelChannel(schema)],
@@ -546,10 +552,12 @@ const STEP_COLUMNS = selectList("step");
 async function readFlowSteps(sql: Sql, s: string, flowId: string): Promise<FlowStepSummary[]> {
   const rows = await sql.unsafe(
     `select ${STEP_COLUMNS},
-            coalesce((select pg_catalog.json_agg(pg_catalog.json_build_object('id', d.depends_on::pg_catalog.text,
+            coalesce((select pg_catalog.json_agg(pg_catalog.json_build_object('id',
+              d.depends_on::pg_catalog.text,
                                                         'onFailure', d.on_failure)
                                       order by d.depends_on)
-                        from ${s}.job_dependencies d where d.job_id operator(pg_catalog.=) j.id), '[]') as depends_on
+                        from ${s}.job_dependencies d where d.job_id
+                          operator(pg_catalog.=) j.id), '[]') as depends_on
        from ${s}.jobs j where j.flow_id operator(pg_catalog.=) $1::bigint order by j.id`,
     [flowId],
   );
@@ -584,7 +592,8 @@ export async function readJobDetails(
   options: { includeArgs?: boolean; includeResult?: boolean } = {},
 ): Promise<Map<string, JobDetail>> {
   const rows = await sql.unsafe(
-    `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id operator(pg_catalog.=) any($1::bigint[])`,
+    `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id
+      operator(pg_catalog.=) any($1::bigint[])`,
     [ids as string[]],
   );
   const jobs = new Map<string, JobDetail>();

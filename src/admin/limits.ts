@@ -66,7 +66,8 @@ export async function setLimit(
     atomically(session, (tx) =>
       tx.unsafe(
         `insert into ${s}.limits as l (key, max_running, max_starts, "window")
-       values ($1, $2::int, $4::int, $6::pg_catalog.float8 operator(pg_catalog.*) interval '1 millisecond')
+       values ($1, $2::int, $4::int, $6::pg_catalog.float8
+         operator(pg_catalog.*) interval '1 millisecond')
        on conflict (key) do update set
          max_running = case when $3 then l.max_running else excluded.max_running end,
          max_starts = case when $5 then l.max_starts else excluded.max_starts end,
@@ -141,10 +142,12 @@ export interface LimitSummary {
 function limitColumns(s: string): string {
   return `l.key, l.max_running, l.max_starts,
     (extract(epoch from l."window") operator(pg_catalog.*) 1000)::pg_catalog.float8 as window_ms,
-    (select pg_catalog.count(*) from ${s}.jobs j where j.state operator(pg_catalog.=) 'running' and j.limit_key operator(pg_catalog.=) l.key)::int
+    (select pg_catalog.count(*) from ${s}.jobs j where j.state operator(pg_catalog.=) 'running'
+      and j.limit_key operator(pg_catalog.=) l.key)::int
       as running,
     (select pg_catalog.count(*) from ${s}.limit_starts m
-      where m.key operator(pg_catalog.=) l.key and m.started_at operator(pg_catalog.>) (pg_catalog.now() operator(pg_catalog.-) l."window"))::int as starts`;
+      where m.key operator(pg_catalog.=) l.key and m.started_at operator(pg_catalog.>)
+        (pg_catalog.now() operator(pg_catalog.-) l."window"))::int as starts`;
 }
 
 /**

@@ -61,7 +61,8 @@ export async function queueKnown(
     session.unsafe(
       `select exists (select 1 from ${s}.jobs where queue operator(pg_catalog.=) $1)
            or exists (select 1 from ${s}.workers where $1 operator(pg_catalog.=) any (queues))
-           or exists (select 1 from ${s}.queue_pauses where queue operator(pg_catalog.=) $1) as known`,
+           or exists (select 1 from ${s}.queue_pauses where queue operator(pg_catalog.=)
+             $1) as known`,
       [name],
     ));
   return row.known === true;
@@ -87,7 +88,8 @@ export async function resumeQueue(
   const name = checkQueueName(queue);
   const rows = await explainMissingSchema(schema, () =>
     session.unsafe(
-      `with resumed as (delete from ${s}.queue_pauses where queue operator(pg_catalog.=) $1 returning queue)
+      `with resumed as (delete from ${s}.queue_pauses where queue operator(pg_catalog.=)
+        $1 returning queue)
        select queue, pg_catalog.pg_notify($2, queue) from resumed`,
       [name, jobsChannel(schema)],
     ));
@@ -139,10 +141,12 @@ export async function readReadyJobs(
 ): Promise<ReadyJobsRow[]> {
   const rows = await tx.unsafe(
     `select queue, pg_catalog.count(*)::bigint as ready,
-            greatest(extract(epoch from pg_catalog.now() operator(pg_catalog.-) pg_catalog.min(run_at)), 0)::pg_catalog.float8 as lag
+            greatest(extract(epoch from pg_catalog.now() operator(pg_catalog.-)
+              pg_catalog.min(run_at)), 0)::pg_catalog.float8 as lag
        from ${s}.jobs c
       where ${readyCondition()}
-        and ($1::pg_catalog.text[] is null or queue operator(pg_catalog.=) any($1::pg_catalog.text[]))
+        and ($1::pg_catalog.text[] is null or queue
+          operator(pg_catalog.=) any($1::pg_catalog.text[]))
       group by queue order by queue`,
     [queues as never],
   );

@@ -79,8 +79,10 @@ function cancelStatement(s: string): string {
     update ${s}.jobs j set state = 'cancelled', finished_at = pg_catalog.now()
      where j.id operator(pg_catalog.=) any (
        select c.id from ${s}.jobs c
-        where c.state operator(pg_catalog.=) 'queued' and c.queue operator(pg_catalog.=) any($1::pg_catalog.text[])
-          and (c.cancel_requested_at is not null or c.expires_at operator(pg_catalog.<=) pg_catalog.now())
+        where c.state operator(pg_catalog.=) 'queued' and c.queue
+          operator(pg_catalog.=) any($1::pg_catalog.text[])
+          and (c.cancel_requested_at is not null or c.expires_at operator(pg_catalog.<=)
+            pg_catalog.now())
           and c.id operator(pg_catalog.<>) all($3::bigint[])
         limit $2
         for update skip locked)

@@ -370,8 +370,10 @@ function unlimitedReady(
 
 /** `unnest(queues, slots)` as `q(name, n, ord)` without the paused queues. */
 function openQueues(s: string, queues: string, slots: string): string {
-  return `(select * from rows from (pg_catalog.unnest(${queues}::pg_catalog.text[]), pg_catalog.unnest(${slots}::int[])) with ordinality as u(name, n, ord)
-           where not exists (select 1 from ${s}.queue_pauses p where p.queue operator(pg_catalog.=) u.name)) as q`;
+  return `(select * from rows from (pg_catalog.unnest(${queues}::pg_catalog.text[]),
+    pg_catalog.unnest(${slots}::int[])) with ordinality as u(name, n, ord)
+           where not exists (select 1 from ${s}.queue_pauses p where p.queue
+             operator(pg_catalog.=) u.name)) as q`;
 }
 
 /**
@@ -409,7 +411,8 @@ function claimStatement(s: string): string {
           cross join lateral (${unlimitedReady(s, "q.name", "$3", "$6", "$8")}) x
       ) r
       where r.rn operator(pg_catalog.<=) r.n
-      order by r.rn, (r.ord operator(pg_catalog.+) $5) operator(pg_catalog.%) pg_catalog.cardinality($1::pg_catalog.text[])
+      order by r.rn, (r.ord operator(pg_catalog.+) $5) operator(pg_catalog.%)
+        pg_catalog.cardinality($1::pg_catalog.text[])
       limit $4
     )
     ${claimUpdate(s, "$7")}`;
@@ -420,9 +423,13 @@ function room(s: string): string {
   const never = 2147483647;
   return `least(
     coalesce(l.max_running operator(pg_catalog.-) (select pg_catalog.count(*) from ${s}.jobs r
-                               where r.state operator(pg_catalog.=) 'running' and r.limit_key operator(pg_catalog.=) l.key), ${never}),
-    coalesce(l.max_starts operator(pg_catalog.-) (select pg_catalog.count(*) from ${s}.limit_starts m
-                              where m.key operator(pg_catalog.=) l.key and m.started_at operator(pg_catalog.>) (pg_catalog.now() operator(pg_catalog.-) l."window")),
+                               where r.state operator(pg_catalog.=) 'running' and r.limit_key
+                                 operator(pg_catalog.=) l.key), ${never}),
+    coalesce(l.max_starts operator(pg_catalog.-) (select pg_catalog.count(*) from
+      ${s}.limit_starts m
+                              where m.key operator(pg_catalog.=) l.key and m.started_at
+                                operator(pg_catalog.>) (pg_catalog.now()
+                                  operator(pg_catalog.-) l."window")),
              ${never}))`;
 }
 
@@ -443,7 +450,8 @@ function anyKeyStatement(s: string): string {
       (select pg_catalog.min(c.limit_key)::pg_catalog.text, 1 from ${s}.jobs c where ${keyed})
       union all
       select (select pg_catalog.min(c.limit_key)::pg_catalog.text from ${s}.jobs c
-               where ${keyed} and c.limit_key operator(pg_catalog.>) q.key), q.depth operator(pg_catalog.+) 1
+               where ${keyed} and c.limit_key operator(pg_catalog.>) q.key), q.depth
+                 operator(pg_catalog.+) 1
         from queued_keys q where q.key is not null and q.depth operator(pg_catalog.<=) ${KEY_WALK}
     )
     select exists (select 1 from queued_keys where key is null) as complete,
@@ -467,7 +475,8 @@ function anyKeyStatement(s: string): string {
  */
 function keyReadyJob(s: string, excluded: string): string {
   return `c.limit_key operator(pg_catalog.=) l.key
-          and c.queue operator(pg_catalog.=) any(array(select u.name from pg_catalog.unnest($1::pg_catalog.text[]) as u(name)
+          and c.queue operator(pg_catalog.=) any(array(select u.name from
+            pg_catalog.unnest($1::pg_catalog.text[]) as u(name)
                                    where not exists (select 1 from ${s}.queue_pauses p
                                                       where p.queue operator(pg_catalog.=) u.name)))
           and ${readyCondition("c.queue")}
@@ -496,7 +505,8 @@ function limitKeysStatement(s: string): string {
     starts as (
       select m.key, pg_catalog.count(*) as n from ${s}.limit_starts m
         join ${s}.limits w on w.key operator(pg_catalog.=) m.key
-       where m.started_at operator(pg_catalog.>) (pg_catalog.now() operator(pg_catalog.-) w."window")
+       where m.started_at operator(pg_catalog.>) (pg_catalog.now()
+         operator(pg_catalog.-) w."window")
        group by m.key
     )
     select l.key from ${s}.limits l
@@ -507,8 +517,10 @@ function limitKeysStatement(s: string): string {
         where ${keyReadyJob(s, "$4")}
         order by ${claimOrder("c")}
         limit 1) best
-     where coalesce(l.max_running operator(pg_catalog.-) coalesce(running.n, 0), ${never}) operator(pg_catalog.>) 0
-       and coalesce(l.max_starts operator(pg_catalog.-) coalesce(starts.n, 0), ${never}) operator(pg_catalog.>) 0
+     where coalesce(l.max_running operator(pg_catalog.-) coalesce(running.n, 0), ${never})
+       operator(pg_catalog.>) 0
+       and coalesce(l.max_starts operator(pg_catalog.-) coalesce(starts.n, 0), ${never})
+         operator(pg_catalog.>) 0
      order by ${claimOrder("best")}
      limit $3
      ${KEYS_LOCK}`;
@@ -526,7 +538,8 @@ function limitedClaimStatement(s: string): string {
   return `
     with room as (
       select l.key, l.max_starts, ${room(s)} as n
-        from pg_catalog.unnest($1::pg_catalog.text[]) as k(key) join ${s}.limits l on l.key operator(pg_catalog.=) k.key
+        from pg_catalog.unnest($1::pg_catalog.text[]) as k(key) join ${s}.limits l on l.key
+          operator(pg_catalog.=) k.key
     ),
     oq as (select * from ${openQueues(s, "$2", "$3")}),
     keyed as (
@@ -553,7 +566,8 @@ function limitedClaimStatement(s: string): string {
           join oq on oq.name operator(pg_catalog.=) u.queue
       ) r
       where r.rn operator(pg_catalog.<=) r.n
-      order by r.rn, (r.ord operator(pg_catalog.+) $6) operator(pg_catalog.%) pg_catalog.cardinality($2::pg_catalog.text[])
+      order by r.rn, (r.ord operator(pg_catalog.+) $6) operator(pg_catalog.%)
+        pg_catalog.cardinality($2::pg_catalog.text[])
       limit $5
     ),
     claimed as (

@@ -57,14 +57,17 @@ export async function measureConnectionBudget(
                ('0' operator(pg_catalog.||)
                 coalesce(pg_catalog.current_setting('reserved_connections', true), ''))::int
              as reserved,
-           coalesce((select rolsuper from pg_catalog.pg_roles where rolname operator(pg_catalog.=) current_user),
+           coalesce((select rolsuper from pg_catalog.pg_roles where rolname
+             operator(pg_catalog.=) current_user),
                     false) as superuser,
            (select pg_catalog.count(*)::int from pg_catalog.pg_stat_activity a
              where a.backend_type operator(pg_catalog.=) 'client backend'
                and not (a.application_name operator(pg_catalog.=) ${
     typeof name === "string" ? name : ""
   }
-                        and a.backend_start operator(pg_catalog.>=) (pg_catalog.now() operator(pg_catalog.-) (${sinceMs} operator(pg_catalog.*) interval '1 millisecond'))))
+                        and a.backend_start operator(pg_catalog.>=) (pg_catalog.now()
+                          operator(pg_catalog.-) (${sinceMs}
+                            operator(pg_catalog.*) interval '1 millisecond'))))
              as in_use`;
   const perProcess = pool + 1 + listen;
   const reserved = row.superuser ? 0 : row.reserved;

@@ -139,22 +139,27 @@ export class Heartbeat {
              array(select k.id::pg_catalog.text
                      from (select id, worker_id, state, cancel_requested_at from ${s}.jobs
                             where id operator(pg_catalog.=) any($6::bigint[]) offset 0) k
-                    where k.worker_id operator(pg_catalog.=) $1 and k.state operator(pg_catalog.=) 'running'
+                    where k.worker_id operator(pg_catalog.=) $1 and k.state
+                      operator(pg_catalog.=) 'running'
                       and k.cancel_requested_at is not null) as cancel,
              ${
       scan
-        ? `array(select id::pg_catalog.text operator(pg_catalog.||) ':' operator(pg_catalog.||) run_count from ${s}.jobs
-                    where worker_id operator(pg_catalog.=) $1 and state operator(pg_catalog.=) 'running')`
+        ? `array(select id::pg_catalog.text operator(pg_catalog.||) ':'
+          operator(pg_catalog.||) run_count from ${s}.jobs
+                    where worker_id operator(pg_catalog.=) $1 and state
+                      operator(pg_catalog.=) 'running')`
         : "null::pg_catalog.text[]"
     } as running,
-             coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) operator(pg_catalog.||) ':' operator(pg_catalog.||)
+             coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) operator(pg_catalog.||) ':'
+               operator(pg_catalog.||)
                pg_catalog.inet_server_port(), 'local') as server_address,
              pg_catalog.pg_postmaster_start_time()::pg_catalog.text as server_started_at
         from hb`;
     this.#beat = beat(false);
     this.#beatScan = beat(true);
     this.#remove = `delete from ${s}.workers w where w.id operator(pg_catalog.=) $1
-      and not exists (select 1 from ${s}.jobs j where j.worker_id operator(pg_catalog.=) w.id and j.state operator(pg_catalog.=) 'running')`;
+      and not exists (select 1 from ${s}.jobs j where j.worker_id operator(pg_catalog.=) w.id
+        and j.state operator(pg_catalog.=) 'running')`;
   }
 
   /**

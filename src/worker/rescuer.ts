@@ -86,15 +86,17 @@ export class Rescuer extends Periodic<RescueResult> {
     // (database clock): found from the stale worker rows through the worker_id index, for
     // a scan of every running job visits every dead entry an old snapshot keeps.
     // (An array of their ids, not a join, which the planner may turn into that scan.)
-    const stale =
-      `${s}.jobs c where c.state operator(pg_catalog.=) 'running' and c.worker_id operator(pg_catalog.=) any(array(
+    const stale = `${s}.jobs c where c.state operator(pg_catalog.=) 'running' and c.worker_id
+        operator(pg_catalog.=) any(array(
         select w.id from ${s}.workers w
-         where w.heartbeat_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-) (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond'))))`;
+         where w.heartbeat_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+           (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond'))))`;
     // ...or when its worker row is gone: that needs the whole scan.
     const full = `${s}.jobs c where c.state operator(pg_catalog.=) 'running' and not exists (
         select 1 from ${s}.workers w
          where w.id operator(pg_catalog.=) c.worker_id
-           and w.heartbeat_at operator(pg_catalog.>=) (pg_catalog.now() operator(pg_catalog.-) (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond')))`;
+           and w.heartbeat_at operator(pg_catalog.>=) (pg_catalog.now() operator(pg_catalog.-)
+             (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond')))`;
     const find = (from: string) => `select c.id::pg_catalog.text as id from ${from} limit ${batch}`;
     // A job the rescue fails (its last attempt was lost) gets its task's dead letter in the
     // same statement ($2..$4: task, dead-letter task, its queue).
@@ -117,14 +119,17 @@ export class Rescuer extends Periodic<RescueResult> {
         -- worker_id stays: the lost worker ran this attempt.
         -- Worded as rescueMessage() says: chargeBlock finds the entry by it.
         errors = ${s}.append_error(j.errors, pg_catalog.jsonb_build_object('error', 'WorkerLost',
-          'message', 'worker ' operator(pg_catalog.||) lost.worker_id operator(pg_catalog.||) ' stopped heartbeating during the run',
+          'message', 'worker ' operator(pg_catalog.||) lost.worker_id
+            operator(pg_catalog.||) ' stopped heartbeating during the run',
           'attempt', j.attempt operator(pg_catalog.+) 1, 'worker', lost.worker_id))
       from lost where j.id operator(pg_catalog.=) lost.id
       returning ${JOB_RETURNING}, ${deadLetterArgs("j")} as dead_args),
       dead as (
         insert into ${s}.jobs (task, queue, args)
         select d.dead_task, d.dead_queue, upd.dead_args
-          from upd join rows from (pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[]), pg_catalog.unnest($4::pg_catalog.text[])) as d(task, dead_task, dead_queue)
+          from upd join rows from (pg_catalog.unnest($2::pg_catalog.text[]),
+            pg_catalog.unnest($3::pg_catalog.text[]),
+              pg_catalog.unnest($4::pg_catalog.text[])) as d(task, dead_task, dead_queue)
             on d.task operator(pg_catalog.=) upd.task
          where upd.state operator(pg_catalog.=) 'failed')
       select ${names} from upd`;
@@ -135,19 +140,23 @@ export class Rescuer extends Periodic<RescueResult> {
     // attempt is given back unless the rescue failed the job.
     this.#chargeBlock = `
       with o as (
-        select * from rows from (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::integer[]), pg_catalog.unnest($4::pg_catalog.text[]::boolean[]))
+        select * from rows from (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::integer[]),
+          pg_catalog.unnest($4::pg_catalog.text[]::boolean[]))
           as o(id, run_count, culprit)),
       hit as (
         select j.id, o.culprit,
                (select t.e from pg_catalog.jsonb_array_elements(j.errors) with ordinality t(e, i)
-                 where t.e operator(pg_catalog.->>) 'error' operator(pg_catalog.=) 'WorkerLost' and t.e operator(pg_catalog.->>) 'message' operator(pg_catalog.=) $5
+                 where t.e operator(pg_catalog.->>) 'error' operator(pg_catalog.=) 'WorkerLost'
+                   and t.e operator(pg_catalog.->>) 'message' operator(pg_catalog.=) $5
                  order by t.i desc limit 1) as entry
           from ${s}.jobs j join o on j.id operator(pg_catalog.=) o.id
-         where j.run_count operator(pg_catalog.>) o.run_count or j.state operator(pg_catalog.<>) 'running'
+         where j.run_count operator(pg_catalog.>) o.run_count or j.state
+           operator(pg_catalog.<>) 'running'
             or j.worker_id is null or j.worker_id operator(pg_catalog.<>) $1)
       update ${s}.jobs j set
         errors = (select pg_catalog.jsonb_agg(case when t.e operator(pg_catalog.=) hit.entry
-                                        then t.e operator(pg_catalog.||) pg_catalog.jsonb_build_object(
+                                        then t.e operator(pg_catalog.||)
+                                          pg_catalog.jsonb_build_object(
                                                'error', case when hit.culprit
                                                              then 'LoopBlocked'
                                                              else 'WorkerLost' end,
@@ -160,8 +169,10 @@ export class Rescuer extends Periodic<RescueResult> {
       returning j.id::pg_catalog.text as id, hit.culprit`;
     this.#removeStale = `
       delete from ${s}.workers w
-       where w.heartbeat_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-) (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond'))
-         and not exists (select 1 from ${s}.jobs j where j.worker_id operator(pg_catalog.=) w.id and j.state operator(pg_catalog.=) 'running')`;
+       where w.heartbeat_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+         (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond'))
+         and not exists (select 1 from ${s}.jobs j where j.worker_id operator(pg_catalog.=) w.id
+           and j.state operator(pg_catalog.=) 'running')`;
   }
 
   /**
@@ -218,7 +229,7 @@ export class Rescuer extends Periodic<RescueResult> {
       runs.map((r) => String(r === block.culprit || block.culprit === null)),
       rescueMessage(workerId),
       `the run blocked the event loop of worker ${workerId} for ${seconds} s, past its ` +
-      "heartbeat lease, so the job was rescued as from a dead worker; run CPU operator(pg_catalog.-) bound work " +
+      "heartbeat lease, so the job was rescued as from a dead worker; run CPU-bound work " +
       "outside the worker's loop",
       `worker ${workerId} stopped heartbeating during the run: ${culpritText} blocked its ` +
       `event loop for ${seconds} s; this attempt is not counted`,
