@@ -66,6 +66,7 @@ export function deadLetterTargets(
  * the shape of {@linkcode DeadLetter}.
  */
 export function deadLetterArgs(alias: string): string {
-  return `jsonb_build_object('id', ${alias}.id::text, 'task', ${alias}.task, 'queue', ` +
+  return `pg_catalog.jsonb_build_object('id', ${alias}.id::pg_catalog.text, 'task',
+    ${alias}.task, 'queue', ` +
     `${alias}.queue, 'args', ${alias}.args, 'errors', ${alias}.errors)`;
 }

@@ -29,13 +29,16 @@ export async function readDependencies(
 ): Promise<Record<string, DependencyOutcome>> {
   const s = quoteSchema(schema);
   const rows = await sql.unsafe(
-    `select j.id::text as id, j.step, j.task::text as task, j.state, j.result,
-            j.flow_id = (select flow_id from ${s}.jobs where id = $1::bigint) as same_flow,
-            case when jsonb_array_length(j.errors) > 0
-                 then jsonb_build_object('error', j.errors -> -1 ->> 'error',
-                                         'message', j.errors -> -1 ->> 'message') end as error
-       from ${s}.job_dependencies d join ${s}.jobs j on j.id = d.depends_on
-      where d.job_id = $1::bigint order by j.id`,
+    `select j.id::pg_catalog.text as id, j.step, j.task::pg_catalog.text as task, j.state, j.result,
+            j.flow_id operator(pg_catalog.=) (select flow_id from ${s}.jobs where id
+              operator(pg_catalog.=) $1::bigint) as same_flow,
+            case when pg_catalog.jsonb_array_length(j.errors) operator(pg_catalog.>) 0
+                 then pg_catalog.jsonb_build_object('error', j.errors operator(pg_catalog.->) -1
+                   operator(pg_catalog.->>) 'error',
+                                         'message', j.errors operator(pg_catalog.->) -1
+                                           operator(pg_catalog.->>) 'message') end as error
+       from ${s}.job_dependencies d join ${s}.jobs j on j.id operator(pg_catalog.=) d.depends_on
+      where d.job_id operator(pg_catalog.=) $1::bigint order by j.id`,
     [jobId],
   );
   const out: Record<string, DependencyOutcome> = {};

@@ -613,37 +613,47 @@ function insertStatement(
   const columns = `${s}.jobs
         (task, queue, priority, args, max_attempts, run_at, expires_at, unique_key, limit_key,
          trace_context)`;
-  const values = `$1::text, $2::text, $3::smallint, ARGS, $5::int,
-             coalesce($6::timestamptz, now() + coalesce($7::float8, 0) * interval '1 millisecond'),
-             $8::timestamptz, $9::text, $10::text, $11::text::jsonb`;
+  const values = `$1::pg_catalog.text, $2::pg_catalog.text, $3::smallint, ARGS, $5::int,
+             coalesce($6::pg_catalog.timestamptz, pg_catalog.now() operator(pg_catalog.+)
+               (coalesce($7::pg_catalog.float8, 0)
+                 operator(pg_catalog.*) interval '1 millisecond')),
+             $8::pg_catalog.timestamptz, $9::pg_catalog.text, $10::pg_catalog.text,
+               $11::pg_catalog.text::pg_catalog.jsonb`;
   const conflict = shape.unique
-    ? `on conflict (unique_key) where state in (${
+    ? `on conflict (unique_key) where state operator(pg_catalog.=) any (array[${
       stateList(ACTIVE_STATES)
-    }) and unique_key is not null
+    }]) and unique_key is not null
         do nothing`
     : "";
   if (shape.one) {
     // One row: a plain INSERT ... VALUES, a third of the planning and execution time of the
     // CTE below; RETURNING runs the NOTIFY for the inserted row only.
-    const returning = shape.full ? "id::text as id, run_at, expires_at, args" : "id::text as id";
-    const notify = host.notify ? ", pg_notify($12, $2::text) as notified" : "";
+    const returning = shape.full
+      ? "id::pg_catalog.text as id, run_at, expires_at, args"
+      : "id::pg_catalog.text as id";
+    const notify = host.notify
+      ? ", pg_catalog.pg_notify($12, $2::pg_catalog.text) as notified"
+      : "";
     text = `insert into ${columns}
-      values (${values.replace("ARGS", "$4::text::jsonb")})
+      values (${values.replace("ARGS", "$4::pg_catalog.text::pg_catalog.jsonb")})
       ${conflict}
       returning ${returning}${notify}`;
   } else {
     const returning = shape.full ? "id, run_at, expires_at, args" : "id";
     const selected = shape.full
-      ? "ins.id::text as id, ins.run_at, ins.expires_at, ins.args"
-      : "ins.id::text as id";
+      ? "ins.id::pg_catalog.text as id, ins.run_at, ins.expires_at, ins.args"
+      : "ins.id::pg_catalog.text as id";
     // An init plan runs once, and not at all when nothing was inserted.
-    const notify = host.notify ? ", (select pg_notify($12, $2::text)) as notified" : "";
+    const notify = host.notify
+      ? ", (select pg_catalog.pg_notify($12, $2::pg_catalog.text)) as notified"
+      : "";
     text = `
     with ins as (
       insert into ${columns}
       select ${bulkColumns("k", "x.args")}
         from ${bulkShared(s)} k
-       cross join jsonb_array_elements($4::text::jsonb) with ordinality as x(args, i)
+       cross join pg_catalog.jsonb_array_elements($4::pg_catalog.text::pg_catalog.jsonb)
+         with ordinality as x(args, i)
        order by x.i
       ${conflict}
       returning ${returning})
@@ -661,12 +671,17 @@ function insertStatement(
  * INSERT's time in PostgreSQL. The same checks on the same values: nothing else changes.
  */
 function bulkShared(s: string): string {
-  return `(select $1::text::${s}.task_name as task, $2::text::${s}.queue_name as queue,
+  return `(select $1::pg_catalog.text::${s}.task_name as task,
+    $2::pg_catalog.text::${s}.queue_name as queue,
                 $3::smallint as priority, $5::int as max_attempts,
-                coalesce($6::timestamptz,
-                         now() + coalesce($7::float8, 0) * interval '1 millisecond') as run_at,
-                $8::timestamptz as expires_at, $9::text::${s}.job_key as unique_key,
-                $10::text::${s}.job_key as limit_key, $11::text::jsonb as trace_context
+                coalesce($6::pg_catalog.timestamptz,
+                         (pg_catalog.now() operator(pg_catalog.+)
+                           (coalesce($7::pg_catalog.float8, 0)
+                             operator(pg_catalog.*) interval '1 millisecond'))) as run_at,
+                $8::pg_catalog.timestamptz as expires_at,
+                  $9::pg_catalog.text::${s}.job_key as unique_key,
+                $10::pg_catalog.text::${s}.job_key as limit_key,
+                  $11::pg_catalog.text::pg_catalog.jsonb as trace_context
            offset 0)`;
 }
 

@@ -148,8 +148,8 @@ export async function enqueueFlow(
     );
   }
   const s = quoteSchema(host.schema);
-  const text =
-    `select step, id::text as id from ${s}.enqueue_flow($1::text::jsonb, null, $2::text::jsonb)`;
+  const text = `select step, id::pg_catalog.text as id from ${s}.enqueue_flow(
+      $1::pg_catalog.text::pg_catalog.jsonb, null, $2::pg_catalog.text::pg_catalog.jsonb)`;
   // The trace context (JSON text) is the enqueue span's, set below when tracing is on.
   const params: (string | null)[] = [JSON.stringify(ordered), null];
   const hooks = host.hooks.onEnqueue;
@@ -165,8 +165,8 @@ export async function enqueueFlow(
     const byName = new Map((ordered as SqlStep[]).map((step) => [step.name, step]));
     // The columns an enqueue reads back (the enqueue role's grant); the rest are the steps'.
     const inserted = await (tx as TransactionSql).unsafe(
-      `select id::text as id, run_at, expires_at, args::jsonb as args
-         from ${s}.jobs where id = any($1::bigint[]) order by id`,
+      `select id::pg_catalog.text as id, run_at, expires_at, args::pg_catalog.jsonb as args
+         from ${s}.jobs where id operator(pg_catalog.=) any($1::bigint[]) order by id`,
       [`{${ids.join(",")}}`],
     );
     for (const row of inserted) {
@@ -514,8 +514,8 @@ export async function flowJobs(
   flowId: string,
 ): Promise<[string, string][]> {
   const rows = await sql.unsafe(
-    `select id::text as id, step from ${quoteSchema(schema)}.jobs
-      where flow_id = $1::bigint order by id`,
+    `select id::pg_catalog.text as id, step from ${quoteSchema(schema)}.jobs
+      where flow_id operator(pg_catalog.=) $1::bigint order by id`,
     [flowId],
   );
   return rows.map((r) => [(r.step ?? r.id) as string, r.id as string]);

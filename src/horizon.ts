@@ -65,25 +65,28 @@ with holders as (
          a.pid, a.xact_start,
          greatest(pg_catalog.age(a.backend_xmin), pg_catalog.age(a.backend_xid)) as xids
     from pg_catalog.pg_stat_activity a
-   where a.pid <> pg_catalog.pg_backend_pid()
+   where a.pid operator(pg_catalog.<>) pg_catalog.pg_backend_pid()
      and (a.backend_xmin is not null or a.backend_xid is not null)
-     and (a.datid is null or a.datname = pg_catalog.current_database())
-     and a.pid not in (select v.pid from pg_catalog.pg_stat_progress_vacuum v)
+     and (a.datid is null or a.datname operator(pg_catalog.=) pg_catalog.current_database())
+     and a.pid operator(pg_catalog.<>) all (select v.pid from pg_catalog.pg_stat_progress_vacuum v)
   union all
   select 'prepared', null, p.prepared, pg_catalog.age(p.transaction)
     from pg_catalog.pg_prepared_xacts p
-   where p.database = pg_catalog.current_database()
+   where p.database operator(pg_catalog.=) pg_catalog.current_database()
   union all
   select 'replication_slot', null, null, pg_catalog.age(s.xmin)
     from pg_catalog.pg_replication_slots s
    where s.xmin is not null
-     and (s.database is null or s.database = pg_catalog.current_database())
+     and (s.database is null or s.database operator(pg_catalog.=) pg_catalog.current_database())
 )
 select source,
-       coalesce(greatest(max(extract(epoch from now() - xact_start)), 0), 0)::float8 as seconds,
-       coalesce(max(xids), 0)::int8 as xids,
-       (array_agg(pid order by xact_start) filter (where xact_start is not null))[1] as pid,
-       (count(*) filter (where source = 'session' and xact_start is null))::int as hidden
+       coalesce(greatest(pg_catalog.max(extract(epoch from pg_catalog.now()
+         operator(pg_catalog.-) xact_start)), 0), 0)::pg_catalog.float8 as seconds,
+       coalesce(pg_catalog.max(xids), 0)::pg_catalog.int8 as xids,
+       (pg_catalog.array_agg(pid order by xact_start) filter
+         (where xact_start is not null))[1] as pid,
+       (pg_catalog.count(*) filter (where source operator(pg_catalog.=) 'session'
+         and xact_start is null))::int as hidden
   from holders group by source`;
 
 /**
@@ -105,8 +108,10 @@ export async function readHorizon(
   const rows = await unlessDenied(sql, (s) => s.unsafe(HOLDERS_SQL));
   const stats = await unlessDenied(sql, (s) =>
     s.unsafe(
-      `select n_dead_tup::int8 as dead, greatest(last_vacuum, last_autovacuum) as vacuumed
-         from pg_catalog.pg_stat_user_tables where relid = pg_catalog.to_regclass($1)`,
+      `select n_dead_tup::pg_catalog.int8 as dead,
+        greatest(last_vacuum, last_autovacuum) as vacuumed
+         from pg_catalog.pg_stat_user_tables where relid operator(pg_catalog.=)
+           pg_catalog.to_regclass($1)`,
       [jobsTable],
     ));
   let holders: Horizon["holders"] = null;

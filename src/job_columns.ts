@@ -107,9 +107,9 @@ function value(c: JobColumn, alias: string): string {
   switch (c.type) {
     case "bigint":
     case "text":
-      return `${column}::text`;
+      return `${column}::pg_catalog.text`;
     case "jsonb":
-      return `${column}::jsonb`;
+      return `${column}::pg_catalog.jsonb`;
     default:
       return column;
   }
@@ -126,7 +126,7 @@ export function selectList(read: JobRead, alias = "j"): string {
 /** A column's value in read `read`: the claim's timestamps in epoch milliseconds. */
 function claimValue(c: JobColumn, alias: string, read: JobRead): string {
   return read === "claim" && c.type === "timestamptz"
-    ? `date_part('epoch', ${alias}.${c.name}) * 1000`
+    ? `pg_catalog.date_part('epoch', ${alias}.${c.name}) operator(pg_catalog.*) 1000`
     : value(c, alias);
 }
 

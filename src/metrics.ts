@@ -59,7 +59,7 @@ export async function renderMetrics(sql: Sql, options: RenderMetricsOptions = {}
     () =>
       sql.begin("isolation level repeatable read read only", async (tx) => ({
         queues: await readQueueState(tx, s),
-        workers: await tx.unsafe(`select count(*)::int as n from ${s}.workers`),
+        workers: await tx.unsafe(`select pg_catalog.count(*)::int as n from ${s}.workers`),
         limits: await readLimits(tx, s),
       })),
   );

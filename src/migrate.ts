@@ -277,8 +277,8 @@ async function invalidIndexes(
   const rows = await sql.unsafe(
     `select pg_catalog.quote_ident(c.relname) as index
        from pg_catalog.pg_index i
-       join pg_catalog.pg_class c on c.oid = i.indexrelid
-       join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+       join pg_catalog.pg_class c on c.oid operator(pg_catalog.=) i.indexrelid
+       join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
       where n.nspname operator(pg_catalog.=) $1 and not (i.indisvalid and i.indisready)
         and ($2 or not exists (select from pg_catalog.pg_stat_progress_create_index p
                                 where p.index_relid operator(pg_catalog.=) i.indexrelid))
@@ -370,11 +370,12 @@ function preamble(schema: string): string[] {
   return [
     // The schema is checked and quoted by quoteSchema, so it can be a literal here. A DO
     // block, so that the script returns no rows where a tool expects none.
-    `do $$ begin perform pg_advisory_xact_lock(hashtextextended('akadze:migrate:${schema}', 0)); end $$`,
+    `do $$ begin perform pg_catalog.pg_advisory_xact_lock(
+      pg_catalog.hashtextextended('akadze:migrate:${schema}', 0)); end $$`,
     `create schema if not exists ${schema}`,
     `create table if not exists ${schema}.schema_migrations (
   version text primary key,
-  applied_at timestamptz not null default now())`,
+  applied_at timestamptz not null default pg_catalog.now())`,
   ];
 }
 
@@ -446,7 +447,8 @@ export function migrationSql(options: MigrationSqlOptions = {}): string {
       `-- version ${migration.version}`,
       "DO $akadze_migrate$",
       "BEGIN",
-      `  IF NOT EXISTS (SELECT FROM ${schema}.schema_migrations WHERE version = '${migration.version}') THEN`,
+      `  IF NOT EXISTS (SELECT FROM ${schema}.schema_migrations WHERE version
+        operator(pg_catalog.=) '${migration.version}') THEN`,
       `    EXECUTE ${tag}`,
       body.trimEnd(),
       `${tag};`,
@@ -474,7 +476,9 @@ export async function appliedVersions(
 ): Promise<string[]> {
   const schema = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
   return await withSql(database, async (sql) => {
-    const [{ table }] = await sql`select to_regclass(${schema + ".schema_migrations"}) as table`;
+    const [{ table }] = await sql`select pg_catalog.to_regclass(${
+      schema + ".schema_migrations"
+    }) as table`;
     if (table === null) return [];
     const rows = await sql.unsafe(
       `select version from ${schema}.schema_migrations order by version`,
@@ -513,7 +517,9 @@ export async function migrationStatus(
 ): Promise<MigrationStatus[]> {
   const schema = quoteSchema(options.schema ?? DEFAULT_SCHEMA);
   const applied = await withSql(database, async (sql) => {
-    const [{ table }] = await sql`select to_regclass(${schema + ".schema_migrations"}) as table`;
+    const [{ table }] = await sql`select pg_catalog.to_regclass(${
+      schema + ".schema_migrations"
+    }) as table`;
     if (table === null) return new Map<string, Date>();
     const rows = await sql.unsafe(`select version, applied_at from ${schema}.schema_migrations`);
     return new Map(rows.map((r) => [r.version as string, r.applied_at as Date]));

@@ -23,8 +23,9 @@ function prunedStates(includeFailed: boolean): string {
  */
 export function oldJobsCondition(includeFailed: boolean, alias?: string): string {
   const a = alias === undefined ? "" : `${alias}.`;
-  return `${a}state in (${prunedStates(includeFailed)}) and ` +
-    `${a}finished_at < now() - $1::float8 * interval '1 millisecond'`;
+  return `${a}state operator(pg_catalog.=) any (array[${prunedStates(includeFailed)}]) and ` +
+    `${a}finished_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+      ($1::pg_catalog.float8 operator(pg_catalog.*) interval '1 millisecond'))`;
 }
 
 /** The condition of a job outside flows that no job depends on (on alias `alias`). */
@@ -50,11 +51,11 @@ export interface PruneStatements {
 /** The statements that delete old jobs from schema `s` (quoted). */
 export function pruneStatements(s: string, includeFailed: boolean): PruneStatements {
   return {
-    plain: `delete from ${s}.jobs where id in (
+    plain: `delete from ${s}.jobs where id operator(pg_catalog.=) any (
       select id from ${s}.jobs where ${oldJobsCondition(includeFailed)} and ${unlinked()}
        limit $2 for update skip locked)`,
-    linked: `select ${s}.prune_linked_jobs($1::float8, $2::integer,
-      array[${prunedStates(includeFailed)}]::text[]) as n`,
+    linked: `select ${s}.prune_linked_jobs($1::pg_catalog.float8, $2::integer,
+      array[${prunedStates(includeFailed)}]::pg_catalog.text[]) as n`,
   };
 }
 
@@ -64,19 +65,24 @@ export function pruneStatements(s: string, includeFailed: boolean): PruneStateme
  */
 export function countOldJobsStatement(s: string, includeFailed: boolean): string {
   const live = (dependency: string) =>
-    `exists (select 1 from ${s}.job_dependencies d join ${s}.jobs w on w.id = d.job_id
-              where d.depends_on = ${dependency} and w.state in (${stateList(ACTIVE_STATES)}))`;
+    `exists (select 1 from ${s}.job_dependencies d join ${s}.jobs w on w.id
+      operator(pg_catalog.=) d.job_id
+              where d.depends_on operator(pg_catalog.=) ${dependency} and w.state
+                operator(pg_catalog.=) any (array[${stateList(ACTIVE_STATES)}]))`;
   return `select
-    (select count(*) from ${s}.jobs where ${oldJobsCondition(includeFailed)} and ${unlinked()})
-    + (select count(*) from ${s}.jobs j
+    (select pg_catalog.count(*) from ${s}.jobs where ${
+    oldJobsCondition(includeFailed)
+  } and ${unlinked()})
+    operator(pg_catalog.+) (select pg_catalog.count(*) from ${s}.jobs j
         where ${oldJobsCondition(includeFailed, "j")} and j.flow_id is null and j.has_dependents
           and not ${live("j.id")})
-    + (select count(*) from ${s}.jobs x where x.flow_id in (
+    operator(pg_catalog.+) (select pg_catalog.count(*) from ${s}.jobs x where x.flow_id
+      operator(pg_catalog.=) any (
         select r.id from ${s}.jobs r
-         where ${oldJobsCondition(includeFailed, "r")} and r.flow_id = r.id
-           and not exists (select 1 from ${s}.jobs y where y.flow_id = r.id
+         where ${oldJobsCondition(includeFailed, "r")} and r.flow_id operator(pg_catalog.=) r.id
+           and not exists (select 1 from ${s}.jobs y where y.flow_id operator(pg_catalog.=) r.id
                             and (${oldJobsCondition(includeFailed, "y")}) is not true)
-           and not exists (select 1 from ${s}.jobs y where y.flow_id = r.id
+           and not exists (select 1 from ${s}.jobs y where y.flow_id operator(pg_catalog.=) r.id
                             and y.has_dependents and ${live("y.id")})))
-    ::float8 as n`;
+    ::pg_catalog.float8 as n`;
 }

@@ -17,11 +17,11 @@
  */
 export function readyPredicates(queue?: string): string[] {
   return [
-    "c.state = 'queued'",
-    ...(queue === undefined ? [] : [`c.queue = ${queue}`]),
-    "c.run_at <= now()",
+    "c.state operator(pg_catalog.=) 'queued'",
+    ...(queue === undefined ? [] : [`c.queue operator(pg_catalog.=) ${queue}`]),
+    "c.run_at operator(pg_catalog.<=) pg_catalog.now()",
     "c.cancel_requested_at is null",
-    "(c.expires_at is null or c.expires_at > now())",
+    "(c.expires_at is null or c.expires_at operator(pg_catalog.>) pg_catalog.now())",
   ];
 }
 

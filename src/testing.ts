@@ -179,7 +179,7 @@ async function isThrowawayMaintenanceUrl(url: string): Promise<boolean> {
   }
   const sql = postgres(url, { max: 1, onnotice: () => {}, connect_timeout: 10 });
   try {
-    const [{ dir }] = await sql`select current_setting('data_directory') as dir`;
+    const [{ dir }] = await sql`select pg_catalog.current_setting('data_directory') as dir`;
     return /[\\/]akadze-pg-[^\\/]+[\\/]data$/.test(dir);
   } catch {
     return false; // unreachable, or not allowed to read the setting: not ours
@@ -208,8 +208,11 @@ export async function assertEnqueued(
   const s = quoteSchema(app.schema);
   const rows = await explainMissingSchema(app.schema, () =>
     app.sql.unsafe(
-      `select id::text as id, args @> $2::text::jsonb as match from ${s}.jobs
-        where task = $1 and state in (${stateList(ACTIVE_STATES)}) order by jobs.id`,
+      `select id::pg_catalog.text as id, args operator(pg_catalog.@>)
+        $2::pg_catalog.text::pg_catalog.jsonb as match from ${s}.jobs
+        where task operator(pg_catalog.=) $1 and state operator(pg_catalog.=) any (array[${
+        stateList(ACTIVE_STATES)
+      }]) order by jobs.id`,
       [taskName, JSON.stringify(args)],
     ));
   const match = rows.find((r) => r.match);
@@ -259,9 +262,12 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
   const pending = async (): Promise<string[]> =>
     (await app.sql.unsafe(
       `select distinct queue from ${s}.jobs
-        where state = 'queued' and task = any($1::text[])
-          and (run_at <= now() or cancel_requested_at is not null or expires_at <= now())
-          and not exists (select 1 from ${s}.queue_pauses p where p.queue = jobs.queue)`,
+        where state operator(pg_catalog.=) 'queued' and task
+          operator(pg_catalog.=) any($1::pg_catalog.text[])
+          and (run_at operator(pg_catalog.<=) pg_catalog.now() or cancel_requested_at is not null
+            or expires_at operator(pg_catalog.<=) pg_catalog.now())
+          and not exists (select 1 from ${s}.queue_pauses p where p.queue
+            operator(pg_catalog.=) jobs.queue)`,
       [tasks],
     )).map((r) => r.queue as string);
   let queues = options.queues ?? [...new Set([...defaults, ...await pending()])].sort();
@@ -282,9 +288,12 @@ export async function drain(app: Akadze, options: DrainOptions = {}): Promise<nu
     if (exit.code !== 0) throw new AkadzeError(`drain stopped: ${exit.message ?? exit.reason}`);
     if (exit.reason === "max_jobs") {
       const [{ n }] = await app.sql.unsafe(
-        `select count(*)::int as n from ${s}.jobs
-          where state = 'queued' and run_at <= now()
-            and (queue = any($1::text[]) or ($1::text[] is null and task = any($2::text[])))`,
+        `select pg_catalog.count(*)::int as n from ${s}.jobs
+          where state operator(pg_catalog.=) 'queued' and run_at operator(pg_catalog.<=)
+            pg_catalog.now()
+            and (queue operator(pg_catalog.=) any($1::pg_catalog.text[]) or
+              ($1::pg_catalog.text[] is null and task
+                operator(pg_catalog.=) any($2::pg_catalog.text[])))`,
         [options.queues ?? null, tasks],
       );
       if (n > 0) {
@@ -344,17 +353,20 @@ export async function makeReady(app: Akadze, options: MakeReadyOptions = {}): Pr
   const s = quoteSchema(app.schema);
   const rows = await explainMissingSchema(app.schema, () =>
     app.sql.unsafe(
-      `update ${s}.jobs set run_at = now()
-        where state = 'queued' and run_at > now() and cancel_requested_at is null
-          and ($1::text[] is null or task = any($1::text[]))
-          and ($2::text[] is null or queue = any($2::text[]))
-          and ($3::bigint[] is null or id = any($3::bigint[]))
+      `update ${s}.jobs set run_at = pg_catalog.now()
+        where state operator(pg_catalog.=) 'queued' and run_at operator(pg_catalog.>)
+          pg_catalog.now() and cancel_requested_at is null
+          and ($1::pg_catalog.text[] is null or task
+            operator(pg_catalog.=) any($1::pg_catalog.text[]))
+          and ($2::pg_catalog.text[] is null or queue
+            operator(pg_catalog.=) any($2::pg_catalog.text[]))
+          and ($3::bigint[] is null or id operator(pg_catalog.=) any($3::bigint[]))
         returning queue`,
       [tasks, queues, ids],
     ));
   const queuesMade = [...new Set(rows.map((r) => r.queue as string))];
   if (app.notify && queuesMade.length > 0) {
-    await app.sql`select pg_notify(${jobsChannel(app.schema)}, ${queuesMade.join(",")})`;
+    await app.sql`select pg_catalog.pg_notify(${jobsChannel(app.schema)}, ${queuesMade.join(",")})`;
   }
   return rows.length;
 }

@@ -287,7 +287,7 @@ async function waitReady(
     if (done) break;
     const sql = postgres(url, { max: 1, connect_timeout: 2, onnotice: () => {} });
     try {
-      const [{ v }] = await sql`select current_setting('server_version_num')::int as v`;
+      const [{ v }] = await sql`select pg_catalog.current_setting('server_version_num')::int as v`;
       return Math.floor(v / 10000);
     } catch {
       await new Promise((r) => setTimeout(r, 100));

@@ -217,8 +217,8 @@ export async function readTraceContexts(
   ids: readonly string[],
 ): Promise<Map<string, TraceContext>> {
   const rows = await sql.unsafe(
-    `select id::text as id, trace_context from ${quoteSchema(schema)}.jobs
-      where id = any($1::bigint[]) and trace_context is not null`,
+    `select id::pg_catalog.text as id, trace_context from ${quoteSchema(schema)}.jobs
+      where id operator(pg_catalog.=) any($1::bigint[]) and trace_context is not null`,
     [ids as string[]],
   ) as { id: string; trace_context: TraceContext }[];
   return new Map(rows.map((r) => [r.id, r.trace_context]));

@@ -147,7 +147,8 @@ export class JobWaiters {
     waiter.timer = setTimeout(() => void this.#timeOut(waiter, timeout), timeout);
     try {
       await this.#sql.unsafe(
-        `update ${this.#s}.jobs set awaited = true where id = any($1::bigint[]) and not awaited`,
+        `update ${this.#s}.jobs set awaited = true where id
+          operator(pg_catalog.=) any($1::bigint[]) and not awaited`,
         [unique],
       );
       // A new statement, so a new snapshot: it sees every state change that committed

@@ -47,9 +47,12 @@ export async function requestCancel(
     session.unsafe(
       `with marked as (
          update ${s}.jobs set ${CANCEL_SET}
-          where id = $1::bigint and state in (${stateList(ACTIVE_STATES)})
+          where id operator(pg_catalog.=) $1::bigint and state operator(pg_catalog.=) any (array[${
+        stateList(ACTIVE_STATES)
+      }])
          returning id, state)
-       select m.id, (select pg_notify($2, m.id::text) where m.state = 'running') from marked m`,
+       select m.id, (select pg_catalog.pg_notify($2, m.id::pg_catalog.text) where m.state
+         operator(pg_catalog.=) 'running') from marked m`,
       [id, cancelChannel(schema)],
     ));
   return rows.length > 0;
@@ -60,19 +63,21 @@ export async function requestCancel(
  * before it runs, and signals a running one); a job waiting for its dependencies, which no
  * worker would take, is cancelled at once (and its dependents, by their failure policy).
  */
-const CANCEL_SET = `cancel_requested_at = coalesce(cancel_requested_at, now()),
-  state = case when state = 'waiting' then 'cancelled' else state end,
-  finished_at = case when state = 'waiting' then now() else finished_at end`;
+const CANCEL_SET = `cancel_requested_at = coalesce(cancel_requested_at, pg_catalog.now()),
+  state = case when state operator(pg_catalog.=) 'waiting' then 'cancelled' else state end,
+  finished_at = case when state operator(pg_catalog.=) 'waiting' then pg_catalog.now()
+                     else finished_at end`;
 
 /**
  * The SET list that puts a failed job `j` back to `queued`: attempts, errors and arguments
  * kept, one more attempt when its budget is spent, an expiry that has passed cleared.
  * {@linkcode requeue} and {@linkcode requeueJobs} both use it.
  */
-const REQUEUE_SET = `state = 'queued', run_at = now(), finished_at = null,
+const REQUEUE_SET = `state = 'queued', run_at = pg_catalog.now(), finished_at = null,
   result = null, cancel_requested_at = null,
-  max_attempts = greatest(j.max_attempts, j.attempt + 1),
-  expires_at = case when j.expires_at <= now() then null else j.expires_at end`;
+  max_attempts = greatest(j.max_attempts, j.attempt operator(pg_catalog.+) 1),
+  expires_at = case when j.expires_at operator(pg_catalog.<=) pg_catalog.now() then null
+                    else j.expires_at end`;
 
 /**
  * Put a `failed` job back to `queued`, in the caller's transaction. It keeps its attempt
@@ -97,15 +102,16 @@ export async function requeue(
   const id = normalizeId(jobId);
   const statement = `
     with target as (
-      select id, state from ${s}.jobs where id = $1::bigint for update
+      select id, state from ${s}.jobs where id operator(pg_catalog.=) $1::bigint for update
     ),
     moved as (
       update ${s}.jobs j set ${REQUEUE_SET}
-        from target where j.id = target.id and target.state = 'failed'
+        from target where j.id operator(pg_catalog.=) target.id and target.state
+          operator(pg_catalog.=) 'failed'
       returning j.queue)
     select (select state from target) as state,
-           (select pg_notify($2, queue) from moved) as notified,
-           (select count(*) from moved)::int as moved`;
+           (select pg_catalog.pg_notify($2, queue) from moved) as notified,
+           (select pg_catalog.count(*) from moved)::int as moved`;
   let row: { state: string | null; moved: number };
   try {
     row = await explainMissingSchema(schema, () =>
@@ -244,9 +250,11 @@ export async function listJobs(db: Database, options: ListJobsOptions = {}): Pro
  * state, $3 queue, $4 since, $5 flow (each null for no condition; the statements are
  * planned with their values, so a flow reads the flow index).
  */
-const FILTER = `($1::text is null or j.task = $1) and ($2::text is null or j.state = $2)
-  and ($3::text is null or j.queue = $3) and ($4::timestamptz is null or j.created_at >= $4)
-  and ($5::bigint is null or j.flow_id = $5::bigint)`;
+const FILTER = `($1::pg_catalog.text is null or j.task operator(pg_catalog.=) $1) and
+    ($2::pg_catalog.text is null or j.state operator(pg_catalog.=) $2)
+  and ($3::pg_catalog.text is null or j.queue operator(pg_catalog.=) $3) and
+    ($4::pg_catalog.timestamptz is null or j.created_at operator(pg_catalog.>=) $4)
+  and ($5::bigint is null or j.flow_id operator(pg_catalog.=) $5::bigint)`;
 
 /** The five parameters of {@linkcode FILTER}, validated; `AkadzeError` when one is wrong. */
 function filterParams(
@@ -341,24 +349,26 @@ export async function requeueJobs(
     ),
     ranked as (
       select m.id, m.unique_key is not null and (
-          exists (select 1 from ${s}.jobs a where a.unique_key = m.unique_key
-                   and a.state in (${stateList(ACTIVE_STATES)}))
-          or row_number() over (partition by m.unique_key order by m.id desc) > 1
+          exists (select 1 from ${s}.jobs a where a.unique_key operator(pg_catalog.=) m.unique_key
+                   and a.state operator(pg_catalog.=) any (array[${stateList(ACTIVE_STATES)}]))
+          or pg_catalog.row_number() over (partition by m.unique_key order by m.id desc)
+            operator(pg_catalog.>) 1
         ) as held
         from matched m
     )`;
   const run = async (tx: TransactionSql): Promise<RequeueJobsResult> => {
     const rows = options.dryRun
-      ? await tx.unsafe(`${select} select id::text as id, held from ranked`, params)
+      ? await tx.unsafe(`${select} select id::pg_catalog.text as id, held from ranked`, params)
       : await tx.unsafe(
         `${select},
          moved as (
            update ${s}.jobs j set ${REQUEUE_SET}
-             from ranked r where j.id = r.id and not r.held
+             from ranked r where j.id operator(pg_catalog.=) r.id and not r.held
            returning j.queue),
          notified as (
-           select pg_notify($6, q.queue) from (select distinct queue from moved) q)
-         select r.id::text as id, r.held, (select count(*) from notified) as n from ranked r`,
+           select pg_catalog.pg_notify($6, q.queue) from (select distinct queue from moved) q)
+         select r.id::pg_catalog.text as id, r.held, (select pg_catalog.count(*)
+           from notified) as n from ranked r`,
         [...params, jobsChannel(schema)],
       );
     const skipped = rows.filter((r) => r.held).map((r) => r.id as string);
@@ -407,21 +417,25 @@ export async function cancelJobs(
   const schema = filter.schema ?? "akadze";
   const s = quoteSchema(schema);
   const params = filterParams(filter);
-  const where = `${FILTER} and j.state in (${
+  const where = `${FILTER} and j.state operator(pg_catalog.=) any (array[${
     stateList(ACTIVE_STATES)
-  }) and j.cancel_requested_at is null`;
+  }]) and j.cancel_requested_at is null`;
   const [row] = await explainMissingSchema(
     schema,
     () =>
       options.dryRun
-        ? session.unsafe(`select count(*)::int as n from ${s}.jobs j where ${where}`, params)
+        ? session.unsafe(
+          `select pg_catalog.count(*)::int as n from ${s}.jobs j where ${where}`,
+          params,
+        )
         : session.unsafe(
           `with marked as (
            update ${s}.jobs j set ${CANCEL_SET} where ${where}
            returning j.id, j.state),
-         notified as (select pg_notify($6, m.id::text) from marked m where m.state = 'running')
-         select (select count(*)::int from marked) as n,
-                (select count(*)::int from notified) as notified`,
+         notified as (select pg_catalog.pg_notify($6, m.id::pg_catalog.text) from marked m
+           where m.state operator(pg_catalog.=) 'running')
+         select (select pg_catalog.count(*)::int from marked) as n,
+                (select pg_catalog.count(*)::int from notified) as notified`,
           [...params, cancelChannel(schema)],
         ),
   );
@@ -538,11 +552,13 @@ const STEP_COLUMNS = selectList("step");
 async function readFlowSteps(sql: Sql, s: string, flowId: string): Promise<FlowStepSummary[]> {
   const rows = await sql.unsafe(
     `select ${STEP_COLUMNS},
-            coalesce((select json_agg(json_build_object('id', d.depends_on::text,
+            coalesce((select pg_catalog.json_agg(pg_catalog.json_build_object('id',
+              d.depends_on::pg_catalog.text,
                                                         'onFailure', d.on_failure)
                                       order by d.depends_on)
-                        from ${s}.job_dependencies d where d.job_id = j.id), '[]') as depends_on
-       from ${s}.jobs j where j.flow_id = $1::bigint order by j.id`,
+                        from ${s}.job_dependencies d where d.job_id
+                          operator(pg_catalog.=) j.id), '[]') as depends_on
+       from ${s}.jobs j where j.flow_id operator(pg_catalog.=) $1::bigint order by j.id`,
     [flowId],
   );
   const steps = rows.map((r): FlowStepSummary => ({
@@ -576,7 +592,8 @@ export async function readJobDetails(
   options: { includeArgs?: boolean; includeResult?: boolean } = {},
 ): Promise<Map<string, JobDetail>> {
   const rows = await sql.unsafe(
-    `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id = any($1::bigint[])`,
+    `select ${SUMMARY_COLUMNS}, ${DETAIL_COLUMNS} from ${s}.jobs j where j.id
+      operator(pg_catalog.=) any($1::bigint[])`,
     [ids as string[]],
   );
   const jobs = new Map<string, JobDetail>();

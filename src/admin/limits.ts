@@ -66,12 +66,13 @@ export async function setLimit(
     atomically(session, (tx) =>
       tx.unsafe(
         `insert into ${s}.limits as l (key, max_running, max_starts, "window")
-       values ($1, $2::int, $4::int, $6::float8 * interval '1 millisecond')
+       values ($1, $2::int, $4::int, $6::pg_catalog.float8
+         operator(pg_catalog.*) interval '1 millisecond')
        on conflict (key) do update set
          max_running = case when $3 then l.max_running else excluded.max_running end,
          max_starts = case when $5 then l.max_starts else excluded.max_starts end,
          "window" = case when $7 then l."window" else excluded."window" end,
-         updated_at = now()
+         updated_at = pg_catalog.now()
        returning ${limitColumns(s)}`,
         [
           key,
@@ -113,9 +114,9 @@ export async function clearLimit(
   checkKey(key);
   const [row] = await explainMissingSchema(schema, () =>
     session.unsafe(
-      `with gone as (delete from ${s}.limits where key = $1 returning key),
-            marks as (delete from ${s}.limit_starts where key = $1)
-       select count(*)::int as n from gone`,
+      `with gone as (delete from ${s}.limits where key operator(pg_catalog.=) $1 returning key),
+            marks as (delete from ${s}.limit_starts where key operator(pg_catalog.=) $1)
+       select pg_catalog.count(*)::int as n from gone`,
       [key],
     ));
   return row.n > 0;
@@ -140,11 +141,13 @@ export interface LimitSummary {
 /** The columns of a {@linkcode LimitSummary}, for a limits row aliased `l`. */
 function limitColumns(s: string): string {
   return `l.key, l.max_running, l.max_starts,
-    (extract(epoch from l."window") * 1000)::float8 as window_ms,
-    (select count(*) from ${s}.jobs j where j.state = 'running' and j.limit_key = l.key)::int
+    (extract(epoch from l."window") operator(pg_catalog.*) 1000)::pg_catalog.float8 as window_ms,
+    (select pg_catalog.count(*) from ${s}.jobs j where j.state operator(pg_catalog.=) 'running'
+      and j.limit_key operator(pg_catalog.=) l.key)::int
       as running,
-    (select count(*) from ${s}.limit_starts m
-      where m.key = l.key and m.started_at > now() - l."window")::int as starts`;
+    (select pg_catalog.count(*) from ${s}.limit_starts m
+      where m.key operator(pg_catalog.=) l.key and m.started_at operator(pg_catalog.>)
+        (pg_catalog.now() operator(pg_catalog.-) l."window"))::int as starts`;
 }
 
 /**

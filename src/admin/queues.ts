@@ -59,9 +59,10 @@ export async function queueKnown(
   const name = checkQueueName(queue);
   const [row] = await explainMissingSchema(schema, () =>
     session.unsafe(
-      `select exists (select 1 from ${s}.jobs where queue = $1)
-           or exists (select 1 from ${s}.workers where $1 = any (queues))
-           or exists (select 1 from ${s}.queue_pauses where queue = $1) as known`,
+      `select exists (select 1 from ${s}.jobs where queue operator(pg_catalog.=) $1)
+           or exists (select 1 from ${s}.workers where $1 operator(pg_catalog.=) any (queues))
+           or exists (select 1 from ${s}.queue_pauses where queue operator(pg_catalog.=)
+             $1) as known`,
       [name],
     ));
   return row.known === true;
@@ -87,8 +88,9 @@ export async function resumeQueue(
   const name = checkQueueName(queue);
   const rows = await explainMissingSchema(schema, () =>
     session.unsafe(
-      `with resumed as (delete from ${s}.queue_pauses where queue = $1 returning queue)
-       select queue, pg_notify($2, queue) from resumed`,
+      `with resumed as (delete from ${s}.queue_pauses where queue operator(pg_catalog.=)
+        $1 returning queue)
+       select queue, pg_catalog.pg_notify($2, queue) from resumed`,
       [name, jobsChannel(schema)],
     ));
   return rows.length > 0;
@@ -111,7 +113,7 @@ export interface JobCountRow {
  */
 export async function readJobCounts(tx: TransactionSql, s: string): Promise<JobCountRow[]> {
   const rows = await tx.unsafe(
-    `select queue, state, count(*)::bigint as n from ${s}.jobs
+    `select queue, state, pg_catalog.count(*)::bigint as n from ${s}.jobs
       group by queue, state order by queue, state`,
   );
   return rows.map((r) => ({ queue: r.queue, state: r.state, n: Number(r.n) }));
@@ -138,11 +140,13 @@ export async function readReadyJobs(
   queues: readonly string[] | null = null,
 ): Promise<ReadyJobsRow[]> {
   const rows = await tx.unsafe(
-    `select queue, count(*)::bigint as ready,
-            greatest(extract(epoch from now() - min(run_at)), 0)::float8 as lag
+    `select queue, pg_catalog.count(*)::bigint as ready,
+            greatest(extract(epoch from pg_catalog.now() operator(pg_catalog.-)
+              pg_catalog.min(run_at)), 0)::pg_catalog.float8 as lag
        from ${s}.jobs c
       where ${readyCondition()}
-        and ($1::text[] is null or queue = any($1::text[]))
+        and ($1::pg_catalog.text[] is null or queue
+          operator(pg_catalog.=) any($1::pg_catalog.text[]))
       group by queue order by queue`,
     [queues as never],
   );

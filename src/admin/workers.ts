@@ -47,9 +47,11 @@ export async function listWorkers(
   const rows = await explainMissingSchema(schema, () =>
     sql.unsafe(
       `select w.id, w.hostname, w.pid, w.queues, w.started_at, w.heartbeat_at, w.heartbeat_ttl_ms,
-            w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond' as alive,
-            array(select j.id::text from ${s}.jobs j
-                   where j.worker_id = w.id and j.state = 'running' order by j.id) as running_jobs
+            w.heartbeat_at operator(pg_catalog.>=) (pg_catalog.now() operator(pg_catalog.-)
+              (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond')) as alive,
+            array(select j.id::pg_catalog.text from ${s}.jobs j
+                   where j.worker_id operator(pg_catalog.=) w.id and j.state
+                     operator(pg_catalog.=) 'running' order by j.id) as running_jobs
        from ${s}.workers w order by w.heartbeat_at desc, w.id`,
     ));
   return rows.map((r) => ({

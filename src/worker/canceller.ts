@@ -76,12 +76,14 @@ export class Canceller extends Periodic<CancelResult> {
 /** Cancel queued jobs: $1 queues, $2 how many, $3 excluded ids. */
 function cancelStatement(s: string): string {
   return `
-    update ${s}.jobs j set state = 'cancelled', finished_at = now()
-     where j.id in (
+    update ${s}.jobs j set state = 'cancelled', finished_at = pg_catalog.now()
+     where j.id operator(pg_catalog.=) any (
        select c.id from ${s}.jobs c
-        where c.state = 'queued' and c.queue = any($1::text[])
-          and (c.cancel_requested_at is not null or c.expires_at <= now())
-          and c.id <> all($3::bigint[])
+        where c.state operator(pg_catalog.=) 'queued' and c.queue
+          operator(pg_catalog.=) any($1::pg_catalog.text[])
+          and (c.cancel_requested_at is not null or c.expires_at operator(pg_catalog.<=)
+            pg_catalog.now())
+          and c.id operator(pg_catalog.<>) all($3::bigint[])
         limit $2
         for update skip locked)
     returning ${JOB_RETURNING}`;

@@ -15,7 +15,8 @@ import { selectList } from "../job_columns.ts";
  * without a `limits` row (those are the limited claim's), in schema `s` (quoted).
  */
 export function noLimitPredicate(s: string): string {
-  return `(c.limit_key is null or not exists (select 1 from ${s}.limits l where l.key = c.limit_key))`;
+  return `(c.limit_key is null or not exists (select 1 from ${s}.limits l where l.key
+    operator(pg_catalog.=) c.limit_key))`;
 }
 
 /** The claim order on alias `alias`: higher priority first, then earlier run_at, then id. */
@@ -25,7 +26,9 @@ export function claimOrder(alias: string): string {
 
 /** What a claim writes to a claimed job (alias `j`) for worker `workerId` (SQL). */
 export function claimSet(workerId: string): string {
-  return `state = 'running', run_count = j.run_count + 1, worker_id = ${workerId}, started_at = now()`;
+  return `state = 'running', run_count = j.run_count operator(pg_catalog.+) 1, worker_id =
+    ${workerId},
+    started_at = pg_catalog.now()`;
 }
 
 /**

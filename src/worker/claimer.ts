@@ -360,8 +360,8 @@ function unlimitedReady(
 ): string {
   return `select c.ctid, c.id, c.priority, c.run_at from ${s}.jobs c
      where ${readyCondition(queue)}
-       and c.task = any(${tasks}::text[])
-       and c.id <> all(${excluded}::bigint[])
+       and c.task operator(pg_catalog.=) any(${tasks}::pg_catalog.text[])
+       and c.id operator(pg_catalog.<>) all(${excluded}::bigint[])
        and ${noLimitPredicate(s)}
      order by ${claimOrder("c")}
      limit ${limit}
@@ -370,8 +370,10 @@ function unlimitedReady(
 
 /** `unnest(queues, slots)` as `q(name, n, ord)` without the paused queues. */
 function openQueues(s: string, queues: string, slots: string): string {
-  return `(select * from unnest(${queues}::text[], ${slots}::int[]) with ordinality as u(name, n, ord)
-           where not exists (select 1 from ${s}.queue_pauses p where p.queue = u.name)) as q`;
+  return `(select * from rows from (pg_catalog.unnest(${queues}::pg_catalog.text[]),
+    pg_catalog.unnest(${slots}::int[])) with ordinality as u(name, n, ord)
+           where not exists (select 1 from ${s}.queue_pauses p where p.queue
+             operator(pg_catalog.=) u.name)) as q`;
 }
 
 /**
@@ -382,7 +384,7 @@ function openQueues(s: string, queues: string, slots: string): string {
 function claimUpdate(s: string, workerId: string): string {
   return `update ${s}.jobs j
        set ${claimSet(workerId)}
-     where j.ctid = any(array(select ctid from candidates))
+     where j.ctid operator(pg_catalog.=) any(array(select ctid from candidates))
     returning ${claimReturning()}`;
 }
 
@@ -404,12 +406,13 @@ function claimStatement(s: string): string {
     with candidates as (
       select r.ctid from (
         select x.ctid, q.ord, q.n,
-               row_number() over (partition by q.ord order by ${claimOrder("x")}) as rn
+               pg_catalog.row_number() over (partition by q.ord order by ${claimOrder("x")}) as rn
           from ${openQueues(s, "$1", "$2")}
           cross join lateral (${unlimitedReady(s, "q.name", "$3", "$6", "$8")}) x
       ) r
-      where r.rn <= r.n
-      order by r.rn, (r.ord + $5) % cardinality($1::text[])
+      where r.rn operator(pg_catalog.<=) r.n
+      order by r.rn, (r.ord operator(pg_catalog.+) $5) operator(pg_catalog.%)
+        pg_catalog.cardinality($1::pg_catalog.text[])
       limit $4
     )
     ${claimUpdate(s, "$7")}`;
@@ -419,10 +422,14 @@ function claimStatement(s: string): string {
 function room(s: string): string {
   const never = 2147483647;
   return `least(
-    coalesce(l.max_running - (select count(*) from ${s}.jobs r
-                               where r.state = 'running' and r.limit_key = l.key), ${never}),
-    coalesce(l.max_starts - (select count(*) from ${s}.limit_starts m
-                              where m.key = l.key and m.started_at > now() - l."window"),
+    coalesce(l.max_running operator(pg_catalog.-) (select pg_catalog.count(*) from ${s}.jobs r
+                               where r.state operator(pg_catalog.=) 'running' and r.limit_key
+                                 operator(pg_catalog.=) l.key), ${never}),
+    coalesce(l.max_starts operator(pg_catalog.-) (select pg_catalog.count(*) from
+      ${s}.limit_starts m
+                              where m.key operator(pg_catalog.=) l.key and m.started_at
+                                operator(pg_catalog.>) (pg_catalog.now()
+                                  operator(pg_catalog.-) l."window")),
              ${never}))`;
 }
 
@@ -437,19 +444,22 @@ function room(s: string): string {
  * caller asks that way instead.
  */
 function anyKeyStatement(s: string): string {
-  const keyed = `c.state = 'queued' and c.limit_key is not null`;
+  const keyed = `c.state operator(pg_catalog.=) 'queued' and c.limit_key is not null`;
   return `
     with recursive queued_keys(key, depth) as (
-      (select min(c.limit_key)::text, 1 from ${s}.jobs c where ${keyed})
+      (select pg_catalog.min(c.limit_key)::pg_catalog.text, 1 from ${s}.jobs c where ${keyed})
       union all
-      select (select min(c.limit_key)::text from ${s}.jobs c
-               where ${keyed} and c.limit_key > q.key), q.depth + 1
-        from queued_keys q where q.key is not null and q.depth <= ${KEY_WALK}
+      select (select pg_catalog.min(c.limit_key)::pg_catalog.text from ${s}.jobs c
+               where ${keyed} and c.limit_key operator(pg_catalog.>) q.key), q.depth
+                 operator(pg_catalog.+) 1
+        from queued_keys q where q.key is not null and q.depth operator(pg_catalog.<=) ${KEY_WALK}
     )
     select exists (select 1 from queued_keys where key is null) as complete,
       (select q.key from queued_keys q
         cross join lateral (
-          select l.key from ${s}.limits l where l.key = q.key and ${room(s)} > 0 offset 0) l
+          select l.key from ${s}.limits l where l.key operator(pg_catalog.=) q.key and ${
+    room(s)
+  } operator(pg_catalog.>) 0 offset 0) l
         cross join lateral (
           select 1 from ${s}.jobs c
            where ${keyReadyJob(s, "$3")}
@@ -464,13 +474,14 @@ function anyKeyStatement(s: string): string {
  * (parameter `excluded`). Shared by the check for a key with room and the key pick.
  */
 function keyReadyJob(s: string, excluded: string): string {
-  return `c.limit_key = l.key
-          and c.queue = any(array(select u.name from unnest($1::text[]) as u(name)
+  return `c.limit_key operator(pg_catalog.=) l.key
+          and c.queue operator(pg_catalog.=) any(array(select u.name from
+            pg_catalog.unnest($1::pg_catalog.text[]) as u(name)
                                    where not exists (select 1 from ${s}.queue_pauses p
-                                                      where p.queue = u.name)))
+                                                      where p.queue operator(pg_catalog.=) u.name)))
           and ${readyCondition("c.queue")}
-          and c.task = any($2::text[])
-          and c.id <> all(${excluded}::bigint[])`;
+          and c.task operator(pg_catalog.=) any($2::pg_catalog.text[])
+          and c.id operator(pg_catalog.<>) all(${excluded}::bigint[])`;
 }
 
 /**
@@ -487,26 +498,29 @@ function limitKeysStatement(s: string): string {
   const never = 2147483647;
   return `
     with running as (
-      select r.limit_key as key, count(*) as n from ${s}.jobs r
-       where r.state = 'running' and r.limit_key is not null
+      select r.limit_key as key, pg_catalog.count(*) as n from ${s}.jobs r
+       where r.state operator(pg_catalog.=) 'running' and r.limit_key is not null
        group by r.limit_key
     ),
     starts as (
-      select m.key, count(*) as n from ${s}.limit_starts m
-        join ${s}.limits w on w.key = m.key
-       where m.started_at > now() - w."window"
+      select m.key, pg_catalog.count(*) as n from ${s}.limit_starts m
+        join ${s}.limits w on w.key operator(pg_catalog.=) m.key
+       where m.started_at operator(pg_catalog.>) (pg_catalog.now()
+         operator(pg_catalog.-) w."window")
        group by m.key
     )
     select l.key from ${s}.limits l
-      left join running on running.key = l.key
-      left join starts on starts.key = l.key
+      left join running on running.key operator(pg_catalog.=) l.key
+      left join starts on starts.key operator(pg_catalog.=) l.key
      cross join lateral (
        select c.priority, c.run_at, c.id from ${s}.jobs c
         where ${keyReadyJob(s, "$4")}
         order by ${claimOrder("c")}
         limit 1) best
-     where coalesce(l.max_running - coalesce(running.n, 0), ${never}) > 0
-       and coalesce(l.max_starts - coalesce(starts.n, 0), ${never}) > 0
+     where coalesce(l.max_running operator(pg_catalog.-) coalesce(running.n, 0), ${never})
+       operator(pg_catalog.>) 0
+       and coalesce(l.max_starts operator(pg_catalog.-) coalesce(starts.n, 0), ${never})
+         operator(pg_catalog.>) 0
      order by ${claimOrder("best")}
      limit $3
      ${KEYS_LOCK}`;
@@ -524,17 +538,18 @@ function limitedClaimStatement(s: string): string {
   return `
     with room as (
       select l.key, l.max_starts, ${room(s)} as n
-        from unnest($1::text[]) as k(key) join ${s}.limits l on l.key = k.key
+        from pg_catalog.unnest($1::pg_catalog.text[]) as k(key) join ${s}.limits l on l.key
+          operator(pg_catalog.=) k.key
     ),
     oq as (select * from ${openQueues(s, "$2", "$3")}),
     keyed as (
       select x.* from room cross join lateral (
         select c.ctid, c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
-         where c.limit_key = room.key
-           and c.queue = any(array(select name from oq))
+         where c.limit_key operator(pg_catalog.=) room.key
+           and c.queue operator(pg_catalog.=) any(array(select name from oq))
            and ${readyCondition("c.queue")}
-           and c.task = any($4::text[])
-           and c.id <> all($7::bigint[])
+           and c.task operator(pg_catalog.=) any($4::pg_catalog.text[])
+           and c.id operator(pg_catalog.<>) all($7::bigint[])
          order by ${claimOrder("c")}
          limit least(greatest(room.n, 0), $5)
          for update of c skip locked) x
@@ -546,24 +561,25 @@ function limitedClaimStatement(s: string): string {
     candidates as (
       select r.ctid from (
         select u.ctid, oq.ord, oq.n,
-               row_number() over (partition by oq.ord order by ${claimOrder("u")}) as rn
+               pg_catalog.row_number() over (partition by oq.ord order by ${claimOrder("u")}) as rn
           from (select * from keyed union all select * from unkeyed) u
-          join oq on oq.name = u.queue
+          join oq on oq.name operator(pg_catalog.=) u.queue
       ) r
-      where r.rn <= r.n
-      order by r.rn, (r.ord + $6) % cardinality($2::text[])
+      where r.rn operator(pg_catalog.<=) r.n
+      order by r.rn, (r.ord operator(pg_catalog.+) $6) operator(pg_catalog.%)
+        pg_catalog.cardinality($2::pg_catalog.text[])
       limit $5
     ),
     claimed as (
       update ${s}.jobs j
          set ${claimSet("$8")}
-       where j.ctid = any(array(select ctid from candidates))
+       where j.ctid operator(pg_catalog.=) any(array(select ctid from candidates))
       returning j.*
     ),
     marks as (
       insert into ${s}.limit_starts (key, job_id)
       select c.limit_key, c.id from claimed c
-        join room on room.key = c.limit_key
+        join room on room.key operator(pg_catalog.=) c.limit_key
        where room.max_starts is not null
     )
     select ${claimReturning("claimed")} from claimed`;

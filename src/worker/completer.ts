@@ -90,7 +90,8 @@ export class Completer {
     this.#hooks = hooks;
     const s = quoteSchema(schema);
     this.#shortText = completeStatement(s);
-    this.#rowsText = `select ${JOB_RETURNING} from ${s}.jobs j where j.id = any($1::bigint[])`;
+    this.#rowsText = `select ${JOB_RETURNING} from ${s}.jobs j where j.id
+        operator(pg_catalog.=) any($1::bigint[])`;
     this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
   }
 
@@ -308,10 +309,12 @@ export async function retryTransient<T>(
 function deleteStatement(s: string): string {
   return `
     delete from ${s}.jobs j
-     using unnest($1::bigint[], $2::int[]) as o(id, run_count)
-     where j.id = o.id and j.run_count = o.run_count and j.state = 'running'
+     using rows from (pg_catalog.unnest($1::bigint[]),
+       pg_catalog.unnest($2::int[])) as o(id, run_count)
+     where j.id operator(pg_catalog.=) o.id and j.run_count operator(pg_catalog.=) o.run_count
+       and j.state operator(pg_catalog.=) 'running'
        and j.cancel_requested_at is null and not j.awaited
-    returning j.id::text`;
+    returning j.id::pg_catalog.text`;
 }
 
 /**

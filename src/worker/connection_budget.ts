@@ -51,16 +51,23 @@ export async function measureConnectionBudget(
   const options = app.sql.options as { connection?: { application_name?: unknown } };
   const name = options.connection?.application_name;
   const [row] = await sql`
-    select current_setting('max_connections')::int as max_connections,
-           current_setting('superuser_reserved_connections')::int
-             + coalesce(nullif(current_setting('reserved_connections', true), ''), '0')::int
+    select pg_catalog.current_setting('max_connections')::int as max_connections,
+           pg_catalog.current_setting('superuser_reserved_connections')::int
+             operator(pg_catalog.+)
+               ('0' operator(pg_catalog.||)
+                coalesce(pg_catalog.current_setting('reserved_connections', true), ''))::int
              as reserved,
-           coalesce((select rolsuper from pg_catalog.pg_roles where rolname = current_user),
+           coalesce((select rolsuper from pg_catalog.pg_roles where rolname
+             operator(pg_catalog.=) current_user),
                     false) as superuser,
-           (select count(*)::int from pg_catalog.pg_stat_activity a
-             where a.backend_type = 'client backend'
-               and not (a.application_name = ${typeof name === "string" ? name : ""}
-                        and a.backend_start >= now() - ${sinceMs} * interval '1 millisecond'))
+           (select pg_catalog.count(*)::int from pg_catalog.pg_stat_activity a
+             where a.backend_type operator(pg_catalog.=) 'client backend'
+               and not (a.application_name operator(pg_catalog.=) ${
+    typeof name === "string" ? name : ""
+  }
+                        and a.backend_start operator(pg_catalog.>=) (pg_catalog.now()
+                          operator(pg_catalog.-) (${sinceMs}
+                            operator(pg_catalog.*) interval '1 millisecond'))))
              as in_use`;
   const perProcess = pool + 1 + listen;
   const reserved = row.superuser ? 0 : row.reserved;

@@ -94,8 +94,9 @@ export class Executor {
     const password = (app.sql.options as { pass?: unknown }).pass;
     this.#secrets = typeof password === "string" && password ? [password] : [];
     this.#lockJob = `select run_count, state, cancel_requested_at is not null as cancelled,
-        coalesce(expires_at <= now(), false) as expired, coalesce(flow_id, id)::text as flow
-      from ${quoteSchema(app.schema)}.jobs where id = $1 for update`;
+        coalesce(expires_at operator(pg_catalog.<=) pg_catalog.now(), false) as expired,
+          coalesce(flow_id, id)::pg_catalog.text as flow
+      from ${quoteSchema(app.schema)}.jobs where id operator(pg_catalog.=) $1 for update`;
     this.#progress = progressStatement(app.schema);
   }
 
@@ -383,7 +384,8 @@ export class Executor {
     try {
       return await this.#ownedTx(state, "waitForChildren", async (tx, owned) => {
         const children = await tx.unsafe(
-          `select step, id::text as id from ${s}.enqueue_flow($1::text::jsonb, $2::bigint)`,
+          `select step, id::pg_catalog.text as id from
+            ${s}.enqueue_flow($1::pg_catalog.text::pg_catalog.jsonb, $2::bigint)`,
           [JSON.stringify(ordered), owned.flow],
         );
         const ids = `{${children.map((c) => c.id).join(",")}}`;
@@ -391,12 +393,15 @@ export class Executor {
         const [written] = await tx.unsafe(
           `with edges as (
              insert into ${s}.job_dependencies (job_id, depends_on, on_failure)
-             select $1::bigint, d, $3 from unnest($2::bigint[]) d),
+             select $1::bigint, d, $3 from pg_catalog.unnest($2::bigint[]) d),
            marked as (
-             update ${s}.jobs set has_dependents = true where id = any($2::bigint[]))
-           update ${s}.jobs j set state = 'waiting', pending_deps = cardinality($2::bigint[]),
+             update ${s}.jobs set has_dependents = true where id
+               operator(pg_catalog.=) any($2::bigint[]))
+           update ${s}.jobs j set state = 'waiting', pending_deps =
+             pg_catalog.cardinality($2::bigint[]),
                   flow_id = $4::bigint
-            where j.id = $1::bigint and j.run_count = $5 and j.state = 'running'
+            where j.id operator(pg_catalog.=) $1::bigint and j.run_count operator(pg_catalog.=) $5
+              and j.state operator(pg_catalog.=) 'running'
            returning ${JOB_RETURNING}`,
           [job.id, ids, onFailure, owned.flow, job.runCount],
         );

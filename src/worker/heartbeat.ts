@@ -132,29 +132,34 @@ export class Heartbeat {
     const beat = (scan: boolean) => `
       with hb as (
         insert into ${s}.workers (id, hostname, pid, queues, heartbeat_ttl_ms)
-        values ($1, $2, $3, $4::text[], $5)
-        on conflict (id) do update set heartbeat_at = now()
-        returning (xmax = 0) as registered)
+        values ($1, $2, $3, $4::pg_catalog.text[], $5)
+        on conflict (id) do update set heartbeat_at = pg_catalog.now()
+        returning (xmax operator(pg_catalog.=) 0) as registered)
       select hb.registered,
-             array(select k.id::text
+             array(select k.id::pg_catalog.text
                      from (select id, worker_id, state, cancel_requested_at from ${s}.jobs
-                            where id = any($6::bigint[]) offset 0) k
-                    where k.worker_id = $1 and k.state = 'running'
+                            where id operator(pg_catalog.=) any($6::bigint[]) offset 0) k
+                    where k.worker_id operator(pg_catalog.=) $1 and k.state
+                      operator(pg_catalog.=) 'running'
                       and k.cancel_requested_at is not null) as cancel,
              ${
       scan
-        ? `array(select id::text || ':' || run_count from ${s}.jobs
-                    where worker_id = $1 and state = 'running')`
-        : "null::text[]"
+        ? `array(select id::pg_catalog.text operator(pg_catalog.||) ':'
+          operator(pg_catalog.||) run_count from ${s}.jobs
+                    where worker_id operator(pg_catalog.=) $1 and state
+                      operator(pg_catalog.=) 'running')`
+        : "null::pg_catalog.text[]"
     } as running,
-             coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) || ':' ||
+             coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) operator(pg_catalog.||) ':'
+               operator(pg_catalog.||)
                pg_catalog.inet_server_port(), 'local') as server_address,
-             pg_catalog.pg_postmaster_start_time()::text as server_started_at
+             pg_catalog.pg_postmaster_start_time()::pg_catalog.text as server_started_at
         from hb`;
     this.#beat = beat(false);
     this.#beatScan = beat(true);
-    this.#remove = `delete from ${s}.workers w where w.id = $1
-      and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
+    this.#remove = `delete from ${s}.workers w where w.id operator(pg_catalog.=) $1
+      and not exists (select 1 from ${s}.jobs j where j.worker_id operator(pg_catalog.=) w.id
+        and j.state operator(pg_catalog.=) 'running')`;
   }
 
   /**

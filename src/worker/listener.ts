@@ -114,7 +114,7 @@ export class Listener {
     let arrived: boolean;
     try {
       arrived = await this.probe(
-        (channel, payload) => sql`select pg_notify(${channel}, ${payload})`,
+        (channel, payload) => sql`select pg_catalog.pg_notify(${channel}, ${payload})`,
         this.#config.probeTimeout ?? PROBE_TIMEOUT_DEFAULT,
         stop,
       );

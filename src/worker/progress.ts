@@ -18,8 +18,9 @@ export const PROGRESS_INTERVAL_DEFAULT = 1_000;
 
 /** The fenced progress UPDATE: $1 id, $2 run_count, $3 the JSON text. */
 export function progressStatement(schema: string): string {
-  return `update ${quoteSchema(schema)}.jobs set progress = $3::text::jsonb
-     where id = $1::bigint and run_count = $2 and state = 'running'`;
+  return `update ${quoteSchema(schema)}.jobs set progress = $3::pg_catalog.text::pg_catalog.jsonb
+     where id operator(pg_catalog.=) $1::bigint and run_count operator(pg_catalog.=) $2 and state
+       operator(pg_catalog.=) 'running'`;
 }
 
 /** The progress of one run. */

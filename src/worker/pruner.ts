@@ -79,19 +79,24 @@ export class Pruner extends Periodic<PruneResult> {
       // Each schedule's last row stays (a backfill starts after it), and so does a row
       // inserted within the keep (a backfilled fire is old, but a worker still running the
       // same backfill pass must find it taken).
-      periodicRuns: `delete from ${s}.periodic_runs where ctid = any(array(
+      periodicRuns: `delete from ${s}.periodic_runs where ctid operator(pg_catalog.=) any(array(
                select r.ctid from ${s}.periodic_runs r
-                where r.fire_at < now() - $1 * interval '1 millisecond'
-                  and r.created_at < now() - $1 * interval '1 millisecond'
+                where r.fire_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-) ($1
+                  operator(pg_catalog.*) interval '1 millisecond'))
+                  and r.created_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+                    ($1 operator(pg_catalog.*) interval '1 millisecond'))
                   and exists (select 1 from ${s}.periodic_runs n
-                               where n.name = r.name and n.fire_at > r.fire_at)
+                               where n.name operator(pg_catalog.=) r.name and n.fire_at
+                                 operator(pg_catalog.>) r.fire_at)
                 limit $2
                 for update of r skip locked))`,
-      limitStarts: `delete from ${s}.limit_starts where ctid = any(array(
+      limitStarts: `delete from ${s}.limit_starts where ctid operator(pg_catalog.=) any(array(
                select m.ctid from ${s}.limit_starts m
                 where not exists (select 1 from ${s}.limits l
-                                   where l.key = m.key and l."window" is not null
-                                     and m.started_at > now() - l."window")
+                                   where l.key operator(pg_catalog.=) m.key
+                                     and l."window" is not null
+                                     and m.started_at operator(pg_catalog.>) (pg_catalog.now()
+                                       operator(pg_catalog.-) l."window"))
                 limit $1
                 for update of m skip locked))`,
     };

@@ -88,90 +88,107 @@ export class Rescuer extends Periodic<RescueResult> {
     // (database clock): found from the stale worker rows through the worker_id index, for
     // a scan of every running job visits every dead entry an old snapshot keeps.
     // (An array of their ids, not a join, which the planner may turn into that scan.)
-    const stale = `${s}.jobs c where c.state = 'running' and c.worker_id = any(array(
+    const stale = `${s}.jobs c where c.state operator(pg_catalog.=) 'running' and c.worker_id
+        operator(pg_catalog.=) any(array(
         select w.id from ${s}.workers w
-         where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'))`;
+         where w.heartbeat_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+           (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond'))))`;
     // ...or when its worker row is gone: that needs the whole scan.
-    const full = `${s}.jobs c where c.state = 'running' and not exists (
+    const full = `${s}.jobs c where c.state operator(pg_catalog.=) 'running' and not exists (
         select 1 from ${s}.workers w
-         where w.id = c.worker_id
-           and w.heartbeat_at >= now() - w.heartbeat_ttl_ms * interval '1 millisecond')`;
+         where w.id operator(pg_catalog.=) c.worker_id
+           and w.heartbeat_at operator(pg_catalog.>=) (pg_catalog.now() operator(pg_catalog.-)
+             (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond')))`;
     // ...or, for the worker that settles what a dead process left (settleWorker), its jobs.
-    const worker = (id: string) => `${s}.jobs c where c.state = 'running' and c.worker_id = ${id}`;
-    const find = (from: string) => `select c.id::text as id from ${from} limit ${batch}`;
+    const worker = (id: string) =>
+      `${s}.jobs c where c.state operator(pg_catalog.=) 'running' and c.worker_id
+        operator(pg_catalog.=) ${id}`;
+    const find = (from: string) => `select c.id::pg_catalog.text as id from ${from} limit ${batch}`;
     // A job the rescue fails (its last attempt was lost) gets its task's dead letter in the
     // same statement ($2..$4: task, dead-letter task, its queue).
     const names = columnsOf("row").map((c) => c.name).join(", ");
     // Worded as rescueMessage() says: chargeBlock finds the entry by it.
-    const lostEntry = `'WorkerLost', 'message', 'worker ' || lost.worker_id ||
-          ' stopped heartbeating during the run'`;
+    const lostEntry = `'WorkerLost', 'message', 'worker ' operator(pg_catalog.||) lost.worker_id
+          operator(pg_catalog.||) ' stopped heartbeating during the run'`;
     // How the process ended ($6: the error's name, $7: its message).
-    const endedEntry = `$6::text, 'message', $7::text`;
+    const endedEntry = `$6::pg_catalog.text, 'message', $7::pg_catalog.text`;
     const rescue = (from: string, entry: string) => `
       with lost as (
         select c.id, c.worker_id from ${from}
-           and ($1::bigint[] is null or c.id = any($1::bigint[]))
+           and ($1::bigint[] is null or c.id operator(pg_catalog.=) any($1::bigint[]))
          limit ${batch}
          for update of c skip locked),
       upd as (update ${s}.jobs j set
-        attempt = j.attempt + 1,
+        attempt = j.attempt operator(pg_catalog.+) 1,
         -- A lost run is a retry: queued again, or failed when no attempt is left. A cancel
         -- request is left to the cancel pass (queued) or kept on the failed job.
         state = ${s}.outcome_state(false, 'retry', j.attempt, j.max_attempts),
-        run_at = now(),
+        run_at = pg_catalog.now(),
         finished_at = case when ${s}.outcome_state(false, 'retry', j.attempt, j.max_attempts)
-                                = 'queued'
-                           then null else now() end,
+                                operator(pg_catalog.=) 'queued'
+                           then null else pg_catalog.now() end,
         -- worker_id stays: the lost worker ran this attempt.
-        errors = ${s}.append_error(j.errors, jsonb_build_object('error', ${entry},
-          'attempt', j.attempt + 1, 'worker', lost.worker_id))
-      from lost where j.id = lost.id
+        errors = ${s}.append_error(j.errors, pg_catalog.jsonb_build_object('error', ${entry},
+          'attempt', j.attempt operator(pg_catalog.+) 1, 'worker', lost.worker_id))
+      from lost where j.id operator(pg_catalog.=) lost.id
       returning ${JOB_RETURNING}, ${deadLetterArgs("j")} as dead_args),
       dead as (
         insert into ${s}.jobs (task, queue, args)
         select d.dead_task, d.dead_queue, upd.dead_args
-          from upd join unnest($2::text[], $3::text[], $4::text[]) as d(task, dead_task, dead_queue)
-            on d.task = upd.task
-         where upd.state = 'failed')
+          from upd join rows from (pg_catalog.unnest($2::pg_catalog.text[]),
+            pg_catalog.unnest($3::pg_catalog.text[]),
+              pg_catalog.unnest($4::pg_catalog.text[])) as d(task, dead_task, dead_queue)
+            on d.task operator(pg_catalog.=) upd.task
+         where upd.state operator(pg_catalog.=) 'failed')
       select ${names} from upd`;
-    this.#find = { stale: find(stale), full: find(full), worker: find(worker("$1::text")) };
+    this.#find = {
+      stale: find(stale),
+      full: find(full),
+      worker: find(worker("$1::pg_catalog.text")),
+    };
     this.#rescue = {
       stale: rescue(stale, lostEntry),
       full: rescue(full, lostEntry),
-      worker: rescue(worker("$5::text"), endedEntry),
+      worker: rescue(worker("$5::pg_catalog.text"), endedEntry),
     };
     // The last rescue entry naming this worker, on a job whose run no longer owns it, is
     // re-worded (matched by value: a write meanwhile may shift the list); a bystander's
     // attempt is given back unless the rescue failed the job.
     this.#chargeBlock = `
       with o as (
-        select * from unnest($2::bigint[], $3::integer[], $4::text[]::boolean[])
+        select * from rows from (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::integer[]),
+          pg_catalog.unnest($4::pg_catalog.text[]::boolean[]))
           as o(id, run_count, culprit)),
       hit as (
         select j.id, o.culprit,
-               (select t.e from jsonb_array_elements(j.errors) with ordinality t(e, i)
-                 where t.e->>'error' = 'WorkerLost' and t.e->>'message' = $5
+               (select t.e from pg_catalog.jsonb_array_elements(j.errors) with ordinality t(e, i)
+                 where t.e operator(pg_catalog.->>) 'error' operator(pg_catalog.=) 'WorkerLost'
+                   and t.e operator(pg_catalog.->>) 'message' operator(pg_catalog.=) $5
                  order by t.i desc limit 1) as entry
-          from ${s}.jobs j join o on j.id = o.id
-         where j.run_count > o.run_count or j.state <> 'running'
-            or j.worker_id is distinct from $1)
+          from ${s}.jobs j join o on j.id operator(pg_catalog.=) o.id
+         where j.run_count operator(pg_catalog.>) o.run_count or j.state
+           operator(pg_catalog.<>) 'running'
+            or j.worker_id is null or j.worker_id operator(pg_catalog.<>) $1)
       update ${s}.jobs j set
-        errors = (select jsonb_agg(case when t.e = hit.entry
-                                        then t.e || jsonb_build_object(
+        errors = (select pg_catalog.jsonb_agg(case when t.e operator(pg_catalog.=) hit.entry
+                                        then t.e operator(pg_catalog.||)
+                                          pg_catalog.jsonb_build_object(
                                                'error', case when hit.culprit
                                                              then 'LoopBlocked'
                                                              else 'WorkerLost' end,
                                                'message', case when hit.culprit then $6 else $7 end)
                                         else t.e end order by t.i)
-                    from jsonb_array_elements(j.errors) with ordinality t(e, i)),
-        attempt = case when hit.culprit or j.state = 'failed' then j.attempt
-                       else greatest(j.attempt - 1, 0) end
-      from hit where j.id = hit.id and hit.entry is not null
-      returning j.id::text as id, hit.culprit`;
+                    from pg_catalog.jsonb_array_elements(j.errors) with ordinality t(e, i)),
+        attempt = case when hit.culprit or j.state operator(pg_catalog.=) 'failed' then j.attempt
+                       else greatest(j.attempt operator(pg_catalog.-) 1, 0) end
+      from hit where j.id operator(pg_catalog.=) hit.id and hit.entry is not null
+      returning j.id::pg_catalog.text as id, hit.culprit`;
     this.#removeStale = `
       delete from ${s}.workers w
-       where w.heartbeat_at < now() - w.heartbeat_ttl_ms * interval '1 millisecond'
-         and not exists (select 1 from ${s}.jobs j where j.worker_id = w.id and j.state = 'running')`;
+       where w.heartbeat_at operator(pg_catalog.<) (pg_catalog.now() operator(pg_catalog.-)
+         (w.heartbeat_ttl_ms operator(pg_catalog.*) interval '1 millisecond'))
+         and not exists (select 1 from ${s}.jobs j where j.worker_id operator(pg_catalog.=) w.id
+           and j.state operator(pg_catalog.=) 'running')`;
   }
 
   /**

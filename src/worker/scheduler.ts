@@ -76,12 +76,18 @@ export class Scheduler {
     this.#statements = {
       claim: `insert into ${s}.periodic_runs (name, fire_at) values ($1, $2)
               on conflict do nothing returning name`,
-      busy: `select 1 from ${s}.periodic_runs r join ${s}.jobs j on j.id = r.job_id
-              where r.name = $1 and j.state in (${stateList(ACTIVE_STATES)}) limit 1`,
-      link: `update ${s}.periodic_runs set job_id = $3 where name = $1 and fire_at = $2`,
-      now: `select extract(epoch from now())::float8 * 1000 as now`,
-      last: `select extract(epoch from max(fire_at))::float8 * 1000 as last
-               from ${s}.periodic_runs where name = $1`,
+      busy:
+        `select 1 from ${s}.periodic_runs r join ${s}.jobs j on j.id operator(pg_catalog.=) r.job_id
+              where r.name operator(pg_catalog.=) $1 and j.state
+                operator(pg_catalog.=) any (array[${stateList(ACTIVE_STATES)}]) limit 1`,
+      link:
+        `update ${s}.periodic_runs set job_id = $3 where name operator(pg_catalog.=) $1 and fire_at
+          operator(pg_catalog.=) $2`,
+      now: `select extract(epoch from pg_catalog.now())::pg_catalog.float8
+          operator(pg_catalog.*) 1000 as now`,
+      last: `select extract(epoch from pg_catalog.max(fire_at))::pg_catalog.float8
+          operator(pg_catalog.*) 1000 as last
+               from ${s}.periodic_runs where name operator(pg_catalog.=) $1`,
     };
   }
 

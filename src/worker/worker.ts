@@ -465,7 +465,7 @@ export class Worker {
    */
   #notifyLimitFreed(queues: string[]): void {
     const channel = jobsChannel(this.#app.schema);
-    this.#app.sql.unsafe("select pg_notify($1, $2)", [channel, queues.join(",")])
+    this.#app.sql.unsafe("select pg_catalog.pg_notify($1, $2)", [channel, queues.join(",")])
       .catch(() => {});
   }
 
