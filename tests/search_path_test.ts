@@ -518,7 +518,8 @@ async function runAll(app: Akadze, sql: Sql, hostileUrl: string): Promise<void> 
     slots: 4,
     queues: ["default", "other"],
     heartbeatInterval: 200,
-    heartbeatTtl: 5_000,
+    // The default lease: a loop that a loaded machine stalls for seconds keeps its lease.
+    heartbeatTtl: 30_000,
     pruneInterval: 300,
   });
   // A worker that stops early fails the test at once, with its reason.
