@@ -42,28 +42,29 @@ Deno.test("after a brief outage the app's pool answers within about a second (no
   }
 });
 
-Deno.test("a job left running under a worker's id by an earlier process with that id is released by its first heartbeat, attempt not spent", async () => {
+Deno.test("a job left running under a worker's id by an earlier process with that id is settled by the restarted worker at once, its attempt charged, so a job that kills its process cannot run forever", async () => {
   await withApp("rel_orphan", async (app, sql) => {
     const task = app.task("t", () => "ran");
-    // What a process that ran under this id and died with a claim it never saw leaves
-    // (a lost claim reply of a running worker: tests/worker_faults_test.ts).
+    // What a process that ran under this id and died left: the worker cannot tell a job that
+    // killed it from one beside it, so each is charged (maxAttempts then ends a job that kills
+    // every process it runs in); the restarted worker does it before its first claim.
     const id = await task.enqueue({});
     await sql`update akadze.jobs set state = 'running', run_count = run_count + 1,
                 worker_id = 'rel-orphan-w', started_at = now() where id = ${id}`;
     const w = startWorker(app, { ...FAST, id: "rel-orphan-w", queues: ["other"] });
     try {
-      const released = await waitForJob(
+      const settled = await waitForJob(
         sql,
         id,
         (r) => r.state !== "running",
-        "the release",
+        "the settlement",
         5 * FAST.heartbeatTtl,
       );
       assertEquals(
-        [released.state, released.attempt, released.run_count, released.worker_id],
-        ["queued", 0, 1, "rel-orphan-w"], // the worker of its last run is kept
+        [settled.state, settled.attempt, settled.run_count, settled.worker_id],
+        ["queued", 1, 1, "rel-orphan-w"], // the worker of its last run is kept
       );
-      assertEquals(released.errors, []);
+      assertEquals((settled.errors as { error: string }[]).map((e) => e.error), ["WorkerLost"]);
     } finally {
       assertEquals((await w.stop()).code, 0);
     }
