@@ -19,6 +19,7 @@ import attemptWorkerDeadLetters from "../migrations/0012_attempt_worker_dead_let
   type: "text",
 };
 import flowSpeed from "../migrations/0014_flow_speed.sql" with { type: "text" };
+import handOff from "../migrations/0016_hand_off.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -64,6 +65,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0011_flow_ops", sql: flowOps },
   { version: "0012_attempt_worker_dead_letters", sql: attemptWorkerDeadLetters },
   { version: "0014_flow_speed", sql: flowSpeed },
+  { version: "0016_hand_off", sql: handOff },
 ];
 
 /** Options of {@linkcode migrate}. */
