@@ -166,7 +166,7 @@ BEGIN
   SELECT h.id, v_running, h.attempt, h.run_at, NULL::boolean, to_jsonb(h) FROM handed h;
   -- The offered dependents not taken are announced, as the first statement would have.
   PERFORM pg_notify(v_channel, x.queue)
-     FROM (SELECT DISTINCT c.queue::text AS queue FROM {{schema}}.jobs c
-            WHERE c.id = ANY (v_ids) AND c.state = 'queued') x;
+     FROM (SELECT DISTINCT m.queue::text AS queue FROM {{schema}}.jobs m
+            WHERE m.id = ANY (v_ids) AND m.state = 'queued') x;
 END
 $$;
