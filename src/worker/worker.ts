@@ -87,6 +87,8 @@ export class Worker {
   #dependents = new Map<string, boolean>();
   /** Whether outcome writes may hand jobs over (not with onTransition hooks or retention 0). */
   #handOffs: boolean;
+  /** The loop has returned (a drain or the last writes follow): nothing more is taken. */
+  #loopEnded = false;
   #wake = new Wake();
   #claims = 0;
   #offset = 0;
@@ -193,7 +195,7 @@ export class Worker {
         if (wasFull || config.batch || this.#draining) this.#wake.up();
       },
       keepFor: (row) =>
-        this.#handOffs && !this.#stopRequested && !this.#loopLeft &&
+        this.#handOffs && !this.#stopRequested && !this.#loopEnded &&
         this.#dependents.get(row.task) !== false,
     });
   }
@@ -312,6 +314,7 @@ export class Worker {
     let ended = false;
     try {
       exit = await Promise.race([loop, stalled]);
+      this.#loopEnded = true;
       watch.stop();
       pruned = this.#pruner.settle(RELEASE_TIMEOUT);
       if (exit.code === 0) await this.#drain(exit.reason !== "stopped");
@@ -462,7 +465,7 @@ export class Worker {
    * `queues`): as many jobs, of its tasks; nothing once it is stopping.
    */
   #offer(queues: readonly string[], tasks: readonly string[]): HandOffer | null {
-    if (this.#stopRequested || this.#draining || this.#loopLeft) return null;
+    if (this.#stopRequested || this.#loopEnded || this.#loopLeft) return null;
     let total = queues.length;
     const { maxJobs, fair } = this.config;
     if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
@@ -479,9 +482,10 @@ export class Worker {
 
   /**
    * The end of an outcome write that kept slots: free them and start the jobs it handed to
-   * this worker in them, as a claim's (counted, logged, traced); a worker that is stopping
-   * puts them back instead. `handed` null: the write failed, and may have committed a
-   * hand-off all the same (the next beat looks for such jobs).
+   * this worker in them, as a claim's (counted, logged, traced). Once the loop has returned
+   * they are put back instead (a stop requested meanwhile drains them, as a claim's that was
+   * under way). `handed` null: the write failed, and may have committed a hand-off all the
+   * same (the next beat looks for such jobs).
    */
   async #takeHanded(queues: string[], handed: ClaimedJob[] | null): Promise<void> {
     if (handed === null) {
@@ -494,7 +498,7 @@ export class Worker {
       for (const row of handed) this.#handing.delete(row);
     }
     this.#slots.release(queues);
-    if (this.#stopRequested || this.#loopLeft) {
+    if (this.#loopEnded || this.#loopLeft) {
       this.#completer.release(handed.map((row) => ({ id: row.id, runCount: row.run_count })));
       handed = [];
     }
