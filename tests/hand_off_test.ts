@@ -2,7 +2,8 @@
 // whose dependent becomes ready claims that dependent in the same transaction and runs it in the
 // slot the finished job kept. Observable: the dependent's started_at is its dependency's
 // finished_at (both the transaction's now()), where a claim after the NOTIFY is a later
-// transaction. Not handed when its queue is paused, its limit key has a limits row, the worker
+// transaction. A worker keeps the slot of a task's success once a job of that task that finished
+// there had dependents, so each flow below starts with a step ("pre") that teaches it. Not handed when its queue is paused, its limit key has a limits row, the worker
 // is stopping, or does not serve its queue or task, or when another ready job comes first; run
 // once when siblings finish together in several workers; recovered by the rescuer when the
 // worker dies while running it.
@@ -63,7 +64,10 @@ Deno.test("a chain runs with each step handed off in the transaction of its depe
       await w.stop();
     }
     assertEquals(ran, steps.map((s) => ids[s.name]), "each step once, in order");
-    for (let i = 1; i < n; i++) {
+    // The first step's outcome shows the worker that "step" has dependents: the second step is
+    // claimed after the NOTIFY, every later one handed off.
+    assert(!await handedAfter(sql, ids.s0, ids.s1), "step 1 was claimed");
+    for (let i = 2; i < n; i++) {
       assert(await handedAfter(sql, ids[`s${i - 1}`], ids[`s${i}`]), `step ${i} was handed off`);
       const row = await job(sql, ids[`s${i}`]);
       assertEquals([row.run_count, row.worker_id], [1, w.worker.id]);
@@ -78,7 +82,9 @@ Deno.test("a dependent is not handed off when its queue is paused, or not served
     app.task("step", () => {});
     await pauseQueue(sql, "paused");
     const ids = await flow(sql, [
-      { name: "a", task: "step" },
+      { name: "pre", task: "step" },
+      { name: "a", task: "step", depends_on: ["pre"] },
+      { name: "ok", task: "step", depends_on: ["a"] },
       { name: "paused", task: "step", queue: "paused", depends_on: ["a"] },
       { name: "elsewhere", task: "step", queue: "elsewhere", depends_on: ["a"] },
       { name: "unknown", task: "not_here", depends_on: ["a"] },
@@ -86,6 +92,8 @@ Deno.test("a dependent is not handed off when its queue is paused, or not served
     const w = startWorker(app, { queues: ["default", "paused"] });
     try {
       await waitForJob(sql, ids.a, (r) => r.state === "succeeded", "a");
+      await waitForJob(sql, ids.ok, (r) => r.state === "succeeded", "ok");
+      assert(await handedAfter(sql, ids.a, ids.ok), "the step it may take was handed off");
       // Queued in a's outcome transaction, and left queued.
       for (const name of ["paused", "elsewhere", "unknown"]) {
         const row = await job(sql, ids[name]);
@@ -104,16 +112,23 @@ Deno.test("a dependent whose limit key is full is not handed off, and runs once 
   await withApp("hand_off_limit", async (app, sql) => {
     app.task("step", () => {});
     await sql`insert into akadze.limits (key, max_running) values ('k', 1)`;
+    // The key's one place is taken by a job of another worker, alive (not to be rescued).
+    await sql`insert into akadze.workers (id, hostname, pid, queues, heartbeat_ttl_ms)
+      values ('elsewhere', 'h', 1, '{default}', 600000)`;
     const [{ id: holder }] = await sql`insert into akadze.jobs
         (task, limit_key, state, worker_id, started_at, run_count)
       values ('other', 'k', 'running', 'elsewhere', now(), 1) returning id::text as id`;
     const ids = await flow(sql, [
-      { name: "a", task: "step" },
+      { name: "pre", task: "step" },
+      { name: "a", task: "step", depends_on: ["pre"] },
+      { name: "ok", task: "step", limit_key: "free", depends_on: ["a"] },
       { name: "b", task: "step", limit_key: "k", depends_on: ["a"] },
     ]);
     const w = startWorker(app);
     try {
       await waitForJob(sql, ids.a, (r) => r.state === "succeeded", "a");
+      await waitForJob(sql, ids.ok, (r) => r.state === "succeeded", "ok");
+      assert(await handedAfter(sql, ids.a, ids.ok), "a key without limits is handed off");
       const row = await job(sql, ids.b);
       assertEquals([row.state, row.run_count], ["queued", 0]);
       await sql`update akadze.jobs set state = 'succeeded', finished_at = now()
@@ -129,9 +144,12 @@ Deno.test("a dependent whose limit key is full is not handed off, and runs once 
 Deno.test("a stopping worker is handed nothing: the dependent stays queued for others", async () => {
   await withApp("hand_off_stopping", async (app, sql) => {
     let stop = () => {};
-    app.task("step", () => stop());
+    app.task("step", (_args, ctx) => {
+      if (ctx.job.id === ids.a) stop();
+    });
     const ids = await flow(sql, [
-      { name: "a", task: "step" },
+      { name: "pre", task: "step" },
+      { name: "a", task: "step", depends_on: ["pre"] },
       { name: "b", task: "step", depends_on: ["a"] },
     ]);
     const w = startWorker(app);
@@ -156,7 +174,8 @@ Deno.test("a dependent is not handed off ahead of a ready job of its queue", asy
       if (ctx.job.id === ids.a) await plain.enqueue({});
     });
     const ids = await flow(sql, [
-      { name: "a", task: "step" },
+      { name: "pre", task: "step" },
+      { name: "a", task: "step", depends_on: ["pre"] },
       { name: "b", task: "step", depends_on: ["a"] },
     ]);
     const w = startWorker(app, { slots: 1 });
@@ -165,7 +184,7 @@ Deno.test("a dependent is not handed off ahead of a ready job of its queue", asy
     } finally {
       await w.stop();
     }
-    assertEquals(order, [ids.a, "plain", ids.b]);
+    assertEquals(order, [ids.pre, ids.a, "plain", ids.b]);
     assert(!await handedAfter(sql, ids.a, ids.b));
   });
 });
@@ -209,7 +228,8 @@ Deno.test("siblings finishing together in several workers hand their dependent o
 Deno.test("a handed-off job whose worker dies is rescued like any running job", async () => {
   await withApp("hand_off_crash", async (app, sql, db) => {
     const ids = await flow(sql, [
-      { name: "a", task: "sleep", args: { ms: 0 } },
+      { name: "pre", task: "sleep", args: { ms: 0 } },
+      { name: "a", task: "sleep", args: { ms: 0 }, depends_on: ["pre"] },
       { name: "b", task: "sleep", args: { ms: 600_000 }, depends_on: ["a"] },
     ]);
     const options = { heartbeatInterval: 200, heartbeatTtl: 1_500, pollInterval: 100 };

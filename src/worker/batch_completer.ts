@@ -82,8 +82,8 @@ export interface BatchCompleterConfig {
    * to start in them; null when a write that offered them failed (it may have committed).
    */
   onHandOff?: (queues: string[], handed: ClaimedJob[] | null) => void;
-  /** Called per written outcome of a job of `task`: whether other jobs depend on it. */
-  onDependents?: (task: string, hasDependents: boolean) => void;
+  /** Called per written outcome of a job of `task` on which other jobs depend. */
+  onDependents?: (task: string) => void;
   /** Outcomes per statement at most. Default {@linkcode OUTCOME_BATCH_DEFAULT}. */
   batchSize?: number;
   /** Wait before rewriting a rolled-back outcome. Default {@linkcode ROLLED_BACK_RETRY_DEFAULT}. */
@@ -360,9 +360,7 @@ export class BatchCompleter {
       this.#record(row, log, p?.outcome, p?.job);
       this.#counts.written++;
       if (p?.job?.limit_key != null) (freed ??= new Set()).add(p.job.queue);
-      if (onDependents && p?.job && row.hasDependents !== undefined) {
-        onDependents(p.job.task, row.hasDependents);
-      }
+      if (row.hasDependents && p?.job) onDependents?.(p.job.task);
       p?.done();
     }
     if (freed) this.#config.onLimitFreed?.([...freed]);

@@ -81,10 +81,10 @@ export class Worker {
   /** Jobs handed to this worker by an outcome write, not started yet (tracing's read). */
   #handing = new Set<ClaimedJob>();
   /**
-   * Per task, whether a job of it that finished here had dependents: its successes keep their
-   * slot for the hand-off (a task not seen yet does, once; see {@linkcode Slots}).
+   * The tasks of which a job that finished here had dependents: their successes keep their slot
+   * for the hand-off (see {@linkcode Slots}); other jobs free theirs at once, as before.
    */
-  #dependents = new Map<string, boolean>();
+  #dependents = new Set<string>();
   /** Whether outcome writes may hand jobs over (not with onTransition hooks or retention 0). */
   #handOffs: boolean;
   /** The loop has returned (a drain or the last writes follow): nothing more is taken. */
@@ -165,10 +165,7 @@ export class Worker {
       },
       offer: (queues) => this.#offer(queues, tasks),
       onHandOff: (queues, handed) => void this.#takeHanded(queues, handed),
-      onDependents: (task, has) => {
-        if (has) this.#dependents.set(task, true);
-        else if (!this.#dependents.has(task)) this.#dependents.set(task, false);
-      },
+      onDependents: (task) => this.#dependents.add(task),
     });
     this.#blocks = new LoopBlocks({
       ...config,
@@ -196,7 +193,7 @@ export class Worker {
       },
       keepFor: (row) =>
         this.#handOffs && !this.#stopRequested && !this.#loopEnded &&
-        this.#dependents.get(row.task) !== false,
+        this.#dependents.has(row.task),
     });
   }
 
