@@ -79,9 +79,10 @@ export interface BatchCompleterConfig {
   /**
    * Called once per write with kept slots, after it: the kept slots (one queue each) are
    * free again, and `handed` are the jobs claimed for this worker in the write's transaction,
-   * to start in them; null when a write that offered them failed (it may have committed).
+   * to start in them. `lost`: a try of the write that offered slots failed, and may have
+   * committed a hand-off all the same (a job running under this worker that it does not know).
    */
-  onHandOff?: (queues: string[], handed: ClaimedJob[] | null) => void;
+  onHandOff?: (queues: string[], handed: ClaimedJob[], lost: boolean) => void;
   /** Called per written outcome of a job of `task` on which other jobs depend. */
   onDependents?: (task: string) => void;
   /** Outcomes per statement at most. Default {@linkcode OUTCOME_BATCH_DEFAULT}. */
@@ -320,7 +321,7 @@ export class BatchCompleter {
     const signal = this.#abandon.signal;
     const completer = this.#writeFinal ? this.#final : this.writer;
     const kept = batch.filter((p) => p.kept);
-    let offered = false;
+    let lost = false;
     let result: CompleteResult;
     try {
       result = await retryTransient(() => {
@@ -328,15 +329,18 @@ export class BatchCompleter {
         const offer = kept.length > 0 && this.#config.offer
           ? this.#config.offer(kept.map((p) => p.job!.queue))
           : null;
-        if (offer) offered = true;
-        return completer.write(batch.map((p) => p.outcome), offer ?? undefined);
+        const write = completer.write(batch.map((p) => p.outcome), offer ?? undefined);
+        if (!offer) return write;
+        return write.catch((error) => {
+          lost = true;
+          throw error;
+        });
       }, {
         signal,
         onRetry: (error, delay) => logOutcomeRetry(delay, error),
       });
     } catch (error) {
-      // A failed try that offered slots may have committed a hand-off all the same.
-      this.#handOff(kept, offered ? null : []);
+      this.#handOff(kept, [], lost);
       if (signal.aborted) {
         for (const p of batch) {
           this.#config.onUnwritten(p.outcome.id);
@@ -370,7 +374,7 @@ export class BatchCompleter {
       byId.get(outcome.id)?.done();
     }
     // The kept slots, and the jobs handed to start in them.
-    this.#handOff(kept, result.handed);
+    this.#handOff(kept, result.handed, lost);
     for (const { item, error } of result.rolledBack) {
       logTransitionRolledBack(item.id, error);
       const p = byId.get(item.id);
@@ -385,15 +389,15 @@ export class BatchCompleter {
   }
 
   /** Free the slots kept for a write's hand-off, with the jobs it handed (see `onHandOff`). */
-  #handOff(kept: Pending[], handed: ClaimedJob[] | null): void {
+  #handOff(kept: Pending[], handed: ClaimedJob[], lost: boolean): void {
     const queues: string[] = [];
     for (const p of kept) {
       if (!p.kept) continue;
       p.kept = false;
       queues.push(p.job!.queue);
     }
-    if (queues.length === 0 && handed !== null && handed.length === 0) return;
-    this.#config.onHandOff?.(queues, handed);
+    if (queues.length === 0 && handed.length === 0 && !lost) return;
+    this.#config.onHandOff?.(queues, handed, lost);
   }
 
   /** A single outcome whose write failed for good: store a replacement, or give up. */

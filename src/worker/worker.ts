@@ -164,7 +164,7 @@ export class Worker {
         if (app.notify && full.length > 0) this.#notifyLimitFreed(full);
       },
       offer: (queues) => this.#offer(queues, tasks),
-      onHandOff: (queues, handed) => void this.#takeHanded(queues, handed),
+      onHandOff: (queues, handed, lost) => void this.#takeHanded(queues, handed, lost),
       onDependents: (task) => this.#dependents.add(task),
     });
     this.#blocks = new LoopBlocks({
@@ -481,14 +481,11 @@ export class Worker {
    * The end of an outcome write that kept slots: free them and start the jobs it handed to
    * this worker in them, as a claim's (counted, logged, traced). Once the loop has returned
    * they are put back instead (a stop requested meanwhile drains them, as a claim's that was
-   * under way). `handed` null: the write failed, and may have committed a hand-off all the
+   * under way). `lost`: a try of the write failed, and may have committed a hand-off all the
    * same (the next beat looks for such jobs).
    */
-  async #takeHanded(queues: string[], handed: ClaimedJob[] | null): Promise<void> {
-    if (handed === null) {
-      this.#heartbeat.orphansMayExist();
-      handed = [];
-    }
+  async #takeHanded(queues: string[], handed: ClaimedJob[], lost: boolean): Promise<void> {
+    if (lost) this.#heartbeat.orphansMayExist();
     if (handed.length > 0 && activeTracer() !== null) {
       for (const row of handed) this.#handing.add(row);
       await this.#readTraceContexts(handed, this.#app.sql);
