@@ -20,6 +20,7 @@ import attemptWorkerDeadLetters from "../migrations/0012_attempt_worker_dead_let
 };
 import flowSpeed from "../migrations/0014_flow_speed.sql" with { type: "text" };
 import uniqueKeyModes from "../migrations/0015_unique_key_modes.sql" with { type: "text" };
+import handOff from "../migrations/0016_hand_off.sql" with { type: "text" };
 import flowTraceContext from "../migrations/0018_flow_trace_context.sql" with { type: "text" };
 import {
   connect,
@@ -67,6 +68,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0012_attempt_worker_dead_letters", sql: attemptWorkerDeadLetters },
   { version: "0014_flow_speed", sql: flowSpeed },
   { version: "0015_unique_key_modes", sql: uniqueKeyModes },
+  { version: "0016_hand_off", sql: handOff },
   { version: "0018_flow_trace_context", sql: flowTraceContext },
 ];
 

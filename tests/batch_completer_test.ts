@@ -1,5 +1,5 @@
 // The batch completer driven directly through runOnce: batching, splitting, unstorable
-// results and outcomes whose onTransition hook rolled back.
+// results, outcomes whose onTransition hook rolled back, and the hand-off of kept slots.
 import { BatchCompleter } from "../src/worker/batch_completer.ts";
 import type { Sql } from "../src/db.ts";
 import { assertEquals, assertThrows } from "./assert.ts";
@@ -94,5 +94,58 @@ Deno.test("an outcome whose onTransition hook fails is written again; an orphan 
     const rows = await sql`select state, attempt from akadze.jobs order by id`;
     assertEquals(rows.map((r) => [r.state, r.attempt]), [["succeeded", 0], ["queued", 0]]);
     assertThrows(() => new BatchCompleter(app.sql, { schema: "akadze", hooks: [], batchSize: 0 }));
+  });
+});
+
+Deno.test("a write of a success that kept its slot hands the dependent over; a failed try that offered slots reports a hand-off possibly lost", async () => {
+  await withApp("bc_hand_off", async (app, sql) => {
+    const handOffs: { queues: string[]; handed: string[]; lost: boolean }[] = [];
+    const completer = new BatchCompleter(app.sql, {
+      schema: app.schema,
+      hooks: [],
+      offer: (queues) => ({
+        workerId: "w1",
+        requests: [{ queue: "default", slots: queues.length }],
+        total: queues.length,
+        tasks: ["t"],
+      }),
+      onHandOff: (queues, handed, lost) =>
+        handOffs.push({ queues, handed: handed.map((r) => r.id), lost }),
+    });
+    const chain = async () => {
+      const steps = await sql`select step, id::text as id from akadze.enqueue_flow(${
+        JSON.stringify([{ name: "a", task: "t" }, { name: "b", task: "t", depends_on: ["a"] }])
+      }::text::jsonb)`;
+      const ids = Object.fromEntries(steps.map((s) => [s.step, s.id]));
+      const [a] = await sql`select id, run_count from akadze.claim_one('default', '{t}', 1,
+        '{}', 'w1')`;
+      assertEquals(a.id, ids.a);
+      return ids;
+    };
+    const first = await chain();
+    completer.complete({ id: first.a, runCount: 1, kind: "succeeded" }, job, true);
+    await completer.runOnce();
+    assertEquals(handOffs, [{ queues: ["default"], handed: [first.b], lost: false }]);
+    const [b] = await sql`select state, worker_id, run_count from akadze.jobs
+      where id = ${first.b}`;
+    assertEquals([b.state, b.worker_id, b.run_count], ["running", "w1", 1]);
+    await sql`update akadze.jobs set state = 'succeeded', finished_at = now()
+      where id = ${first.b}`;
+
+    // The first try commits, then its reply is lost: the retry finds the outcome written.
+    const second = await chain();
+    const write = completer.writer.write.bind(completer.writer);
+    let tries = 0;
+    completer.writer.write = async (outcomes, offer) => {
+      const result = await write(outcomes, offer);
+      if (++tries === 1) throw Object.assign(new Error("connection lost"), { code: "08006" });
+      return result;
+    };
+    completer.complete({ id: second.a, runCount: 1, kind: "succeeded" }, job, true);
+    const counts = await completer.runOnce();
+    assertEquals([counts.written, counts.discarded], [0, 1]);
+    assertEquals(handOffs[1], { queues: ["default"], handed: [], lost: true });
+    const [orphan] = await sql`select state, worker_id from akadze.jobs where id = ${second.b}`;
+    assertEquals([orphan.state, orphan.worker_id], ["running", "w1"]);
   });
 });

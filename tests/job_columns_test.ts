@@ -4,7 +4,7 @@
 // (job.ts).
 import { quoteSchema } from "../src/db.ts";
 import { ACTIVE_STATES, JOB_STATES, stateList, TERMINAL_STATES } from "../src/job.ts";
-import { claimResultColumns, claimValues, columnsOf } from "../src/job_columns.ts";
+import { claimResultColumns, claimValues, columnsOf, selectList } from "../src/job_columns.ts";
 import { claimOrder, claimSet, noLimitPredicate } from "../src/worker/claim_rule.ts";
 import { readyPredicates } from "../src/ready_rule.ts";
 import { assert, assertEquals } from "./assert.ts";
@@ -54,6 +54,29 @@ Deno.test("claim_one and claim_one_floor repeat the claim rule and return the cl
     }
     // claim_one_floor merges its scans in claim order.
     assertEquals(occurrences(functions[1].body, `order by ${claimOrder("u")}`), 1);
+  });
+});
+
+Deno.test("the hand-off of complete_jobs (0016) claims by the claim rule and returns the claim columns, by name", async () => {
+  await withDatabase("job_columns_hand_off", async (_db, sql) => {
+    const s = quoteSchema("akadze");
+    const [f] = await sql`
+      select p.prosrc as body from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze' and p.proname = 'complete_jobs' and p.pronargs = 13`;
+    const body = f.body as string;
+    // The handed jobs: the claim's SET, and its values named as decodeClaimed reads them.
+    assertEquals(occurrences(body, `set ${claimSet("p_worker")}`), 1, "its SET");
+    const returning = /returning (j\.id::text as id.*?\bas args)\)/.exec(normalize(body))?.[1];
+    assertEquals(returning, normalize(selectList("claim")), "its RETURNING");
+    // The offered jobs (alias c, in queue q.name) and the jobs that would come first (alias
+    // a) are each ready by the ready rule and free of a limits row, as the claim's.
+    for (const [alias, queue] of [["c", "q.name"], ["a", "q.name"]]) {
+      const of = (sql: string) => sql.replaceAll("c.", `${alias}.`);
+      for (const predicate of [...readyPredicates(queue), noLimitPredicate(s)]) {
+        assertEquals(occurrences(body, of(predicate)), 1, `${alias}: ${of(predicate)}`);
+      }
+    }
+    assertEquals(occurrences(body, `order by ${claimOrder("x")}`), 2, "claim order");
   });
 });
 

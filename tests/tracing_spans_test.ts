@@ -24,7 +24,7 @@ import {
 import { DuplicateJob, Snooze } from "../src/errors.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
-import { withApp } from "./_helpers.ts";
+import { startWorker, waitForJob, withApp } from "./_helpers.ts";
 
 interface Recorded {
   name: string;
@@ -257,6 +257,41 @@ Deno.test("a flow's enqueue is one PRODUCER span whose context every step stores
       );
       assert(run, `the run of job ${id}`);
       assertEquals(run.parent?.spanId, producer.context.spanId);
+
+Deno.test("a flow's step handed off by its dependency's outcome write runs in a CONSUMER span of its own, as a claimed one", async () => {
+  await withApp("tracing_spans_hand_off", async (app, sql) => {
+    const before = spans.length;
+    const step = app.task("spans.step", () => {});
+    const worker = startWorker(app);
+    const chain = () =>
+      app.enqueueFlow({
+        a: { task: step },
+        b: { task: step, dependsOn: ["a"] },
+        c: { task: step, dependsOn: ["b"] },
+      });
+    let flow: Awaited<ReturnType<typeof chain>>;
+    try {
+      // The first flow shows the worker that the task has dependents; the second is handed off.
+      const first = await chain();
+      await waitForJob(sql, first.jobs.c, (r) => r.state === "succeeded", "the first flow");
+      flow = await chain();
+      await waitForJob(sql, flow.jobs.c, (r) => r.state === "succeeded", "the last step");
+    } finally {
+      await worker.stop();
+    }
+    const [handed] = await sql`
+      select count(*)::int as n from akadze.jobs j
+        join akadze.job_dependencies e on e.job_id = j.id
+        join akadze.jobs d on d.id = e.depends_on
+       where j.started_at = d.finished_at and j.id = any(${[flow.jobs.b, flow.jobs.c]})`;
+    assertEquals(handed.n, 2, "b and c were handed off");
+    for (const id of Object.values(flow.jobs)) {
+      const runs = spans.slice(before).filter((s) =>
+        s.kind === CONSUMER && s.attributes["messaging.message.id"] === id
+      );
+      assertEquals(runs.length, 1, `one run span for job ${id}`);
+      assert(runs[0].ended);
+      assertEquals(runs[0].attributes["akadze.outcome"], "succeeded");
     }
   });
 });

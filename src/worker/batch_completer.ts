@@ -14,9 +14,11 @@ import type { Sql } from "../db.ts";
 import type { DeadLetterTarget } from "../dead_letter.ts";
 import { AkadzeError } from "../errors.ts";
 import type { OnTransitionHook } from "../job.ts";
+import type { ClaimedJob } from "./claimer.ts";
 import {
   Completer,
   type CompleteResult,
+  type HandOffer,
   type Outcome,
   retryTransient,
   unstorableOutcome,
@@ -69,6 +71,20 @@ export interface BatchCompleterConfig {
    * freed a place under its key's `maxRunning`, which a claim may take now.
    */
   onLimitFreed?: (queues: string[]) => void;
+  /**
+   * The hand-off: what a write of successes that kept their slots (`complete(..., true)`) may
+   * take for this worker, given one queue per kept slot; null to take nothing (stopping).
+   */
+  offer?: (queues: readonly string[]) => HandOffer | null;
+  /**
+   * Called once per write with kept slots, after it: the kept slots (one queue each) are
+   * free again, and `handed` are the jobs claimed for this worker in the write's transaction,
+   * to start in them. `lost`: a try of the write that offered slots failed, and may have
+   * committed a hand-off all the same (a job running under this worker that it does not know).
+   */
+  onHandOff?: (queues: string[], handed: ClaimedJob[], lost: boolean) => void;
+  /** Called per written outcome of a job of `task` on which other jobs depend. */
+  onDependents?: (task: string) => void;
   /** Outcomes per statement at most. Default {@linkcode OUTCOME_BATCH_DEFAULT}. */
   batchSize?: number;
   /** Wait before rewriting a rolled-back outcome. Default {@linkcode ROLLED_BACK_RETRY_DEFAULT}. */
@@ -99,6 +115,8 @@ export interface CompletedJob extends LoggedJob {
 
 interface Pending {
   outcome: Outcome;
+  /** The run's slot is kept for the jobs this write may hand to the worker. */
+  kept?: boolean;
   /** For the log lines and metrics (absent for an orphan release). */
   job?: CompletedJob;
   /** Called once the outcome is written, discarded or left to the lease. */
@@ -111,11 +129,22 @@ export class BatchCompleter {
   readonly writer: Completer;
   #final: Completer;
   #config:
-    & Required<Omit<BatchCompleterConfig, "finalSql" | "metrics" | "onLimitFreed" | "deadLetters">>
-    & {
-      metrics?: WorkerMetrics;
-      onLimitFreed?: (queues: string[]) => void;
-    };
+    & Required<
+      Omit<
+        BatchCompleterConfig,
+        | "finalSql"
+        | "metrics"
+        | "onLimitFreed"
+        | "deadLetters"
+        | "offer"
+        | "onHandOff"
+        | "onDependents"
+      >
+    >
+    & Pick<
+      BatchCompleterConfig,
+      "metrics" | "onLimitFreed" | "offer" | "onHandOff" | "onDependents"
+    >;
   #deadLetters: ReadonlyMap<string, DeadLetterTarget>;
   #writeFinal = false;
   #pending: Pending[] = [];
@@ -152,6 +181,9 @@ export class BatchCompleter {
       onSettled: config.onSettled ?? (() => {}),
       onUnwritten: config.onUnwritten ?? (() => {}),
       onLimitFreed: config.onLimitFreed,
+      offer: config.offer,
+      onHandOff: config.onHandOff,
+      onDependents: config.onDependents,
       batchSize,
       rolledBackRetry,
     };
@@ -167,12 +199,16 @@ export class BatchCompleter {
     return this.#unwritten.keys();
   }
 
-  /** Queue a run's outcome; it is written with the others that settle in the same turn. */
-  complete(outcome: Outcome, job: CompletedJob): void {
+  /**
+   * Queue a run's outcome; it is written with the others that settle in the same turn. With
+   * `kept`, the run's slot is kept for the hand-off of its write (`onHandOff` frees it).
+   */
+  complete(outcome: Outcome, job: CompletedJob, kept = false): void {
     const dead = this.#deadLetters.get(job.task);
     if (dead) outcome.deadLetter = dead;
     this.#unwritten.add(outcome.id);
-    this.#push({ outcome, job, done: () => this.#settled(outcome.id) });
+    const pending: Pending = { outcome, job, kept, done: () => this.#settled(outcome.id) };
+    this.#push(pending);
   }
 
   /**
@@ -284,13 +320,27 @@ export class BatchCompleter {
   async #writeBatch(batch: Pending[]): Promise<void> {
     const signal = this.#abandon.signal;
     const completer = this.#writeFinal ? this.#final : this.writer;
+    const kept = batch.filter((p) => p.kept);
+    let lost = false;
     let result: CompleteResult;
     try {
-      result = await retryTransient(() => completer.write(batch.map((p) => p.outcome)), {
+      result = await retryTransient(() => {
+        // Asked again on every try: the worker may have begun to stop meanwhile.
+        const offer = kept.length > 0 && this.#config.offer
+          ? this.#config.offer(kept.map((p) => p.job!.queue))
+          : null;
+        const write = completer.write(batch.map((p) => p.outcome), offer ?? undefined);
+        if (!offer) return write;
+        return write.catch((error) => {
+          lost = true;
+          throw error;
+        });
+      }, {
         signal,
         onRetry: (error, delay) => logOutcomeRetry(delay, error),
       });
     } catch (error) {
+      this.#handOff(kept, [], lost);
       if (signal.aborted) {
         for (const p of batch) {
           this.#config.onUnwritten(p.outcome.id);
@@ -307,12 +357,14 @@ export class BatchCompleter {
     }
     const byId = new Map(batch.map((p) => [p.outcome.id, p]));
     const log = infoEnabled();
+    const onDependents = this.#config.onDependents;
     let freed: Set<string> | null = null;
     for (const row of result.written) {
       const p = byId.get(row.id);
       this.#record(row, log, p?.outcome, p?.job);
       this.#counts.written++;
       if (p?.job?.limit_key != null) (freed ??= new Set()).add(p.job.queue);
+      if (row.hasDependents && p?.job) onDependents?.(p.job.task);
       p?.done();
     }
     if (freed) this.#config.onLimitFreed?.([...freed]);
@@ -321,6 +373,8 @@ export class BatchCompleter {
       this.#counts.discarded++;
       byId.get(outcome.id)?.done();
     }
+    // The kept slots, and the jobs handed to start in them.
+    this.#handOff(kept, result.handed, lost);
     for (const { item, error } of result.rolledBack) {
       logTransitionRolledBack(item.id, error);
       const p = byId.get(item.id);
@@ -332,6 +386,18 @@ export class BatchCompleter {
         p.done();
       } else this.#pending.push(p);
     }
+  }
+
+  /** Free the slots kept for a write's hand-off, with the jobs it handed (see `onHandOff`). */
+  #handOff(kept: Pending[], handed: ClaimedJob[], lost: boolean): void {
+    const queues: string[] = [];
+    for (const p of kept) {
+      if (!p.kept) continue;
+      p.kept = false;
+      queues.push(p.job!.queue);
+    }
+    if (queues.length === 0 && handed.length === 0 && !lost) return;
+    this.#config.onHandOff?.(queues, handed, lost);
   }
 
   /** A single outcome whose write failed for good: store a replacement, or give up. */

@@ -11,6 +11,8 @@ import type { JobState, OnTransitionHook } from "../job.ts";
 import type { DeadLetterTarget } from "../dead_letter.ts";
 import type { ErrorEntry } from "./error_entry.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
+import { decodeClaimed } from "../job_columns.ts";
+import type { ClaimedJob, ClaimRequest } from "./claimer.ts";
 
 /** How a run ended, as the completer writes it. */
 export type OutcomeKind = "succeeded" | "retry" | "fail" | "snooze" | "cancel" | "release";
@@ -56,6 +58,23 @@ export interface WrittenRow {
   attempt?: number;
   /** When a queued job is ready again, epoch milliseconds (absent when deleted). */
   runAt?: number;
+  /** Whether other jobs depend on it (absent when deleted). */
+  hasDependents?: boolean;
+}
+
+/**
+ * What the outcome write may hand to the writing worker: the dependents its successes queue,
+ * claimed in the same transaction (migrations/0016_hand_off.sql), up to these slots.
+ */
+export interface HandOffer {
+  /** The worker's id (the handed jobs run under it). */
+  workerId: string;
+  /** Free slots per queue, as a claim's requests. */
+  requests: readonly ClaimRequest[];
+  /** How many jobs in all. */
+  total: number;
+  /** The tasks the worker runs. */
+  tasks: readonly string[];
 }
 
 /** The result of writing outcomes. */
@@ -66,6 +85,8 @@ export interface CompleteResult {
   stale: Outcome[];
   /** Outcomes whose transition an onTransition hook rolled back (to be retried). */
   rolledBack: { item: Outcome; error: unknown }[];
+  /** Dependents claimed for the writing worker in the write's transaction (a `HandOffer`). */
+  handed: ClaimedJob[];
 }
 
 /** Writes outcomes for one app. */
@@ -95,12 +116,20 @@ export class Completer {
     this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
   }
 
-  /** Write a batch of outcomes (one statement without onTransition hooks). */
-  async write(outcomes: readonly Outcome[]): Promise<CompleteResult> {
+  /**
+   * Write a batch of outcomes (one statement without onTransition hooks). With an `offer`
+   * (no hooks, no `deleteSucceeded`), the dependents the successes queue may be claimed for
+   * the writing worker in the same statement: `handed`.
+   */
+  async write(outcomes: readonly Outcome[], offer?: HandOffer): Promise<CompleteResult> {
     if (this.#deleteText !== null && outcomes.some((o) => o.kind === "succeeded")) {
       return this.#result(outcomes, await this.#deleteAndUpdate(this.#deleteText, outcomes), []);
     }
-    if (this.#hooks.length === 0) return this.#result(outcomes, await this.#short(outcomes), []);
+    if (this.#hooks.length === 0) {
+      const handed: ClaimedJob[] = [];
+      const written = await this.#short(outcomes, this.#sql, offer, handed);
+      return this.#result(outcomes, written, [], handed);
+    }
     const { rows, rolledBack } = await applyTransitions(
       this.#sql,
       this.#hooks,
@@ -117,10 +146,29 @@ export class Completer {
     return this.#result(outcomes, written, rolledBack);
   }
 
-  /** The batch write, read as arrays of {@linkcode WrittenRow} fields. */
-  async #short(outcomes: readonly Outcome[], tx: Sql | TransactionSql = this.#sql) {
-    const rows = await tx.unsafe(this.#shortText, encode(outcomes), PREPARED).values();
-    return rows.map((v): WrittenRow => ({ id: v[0], state: v[1], attempt: v[2], runAt: v[3] }));
+  /**
+   * The batch write, read as arrays of {@linkcode WrittenRow} fields; the jobs handed to the
+   * worker (with an `offer`) are added to `handed`.
+   */
+  async #short(
+    outcomes: readonly Outcome[],
+    tx: Sql | TransactionSql = this.#sql,
+    offer?: HandOffer,
+    handed?: ClaimedJob[],
+  ): Promise<WrittenRow[]> {
+    const rows = await tx.unsafe(this.#shortText, encode(outcomes, offer), PREPARED).values();
+    const written: WrittenRow[] = [];
+    let claimed: Record<string, unknown>[] | null = null;
+    for (const v of rows) {
+      if (v[5] !== null) (claimed ??= []).push(v[5]);
+      else written.push({ id: v[0], state: v[1], attempt: v[2], runAt: v[3], hasDependents: v[4] });
+    }
+    if (claimed && offer && handed) {
+      handed.push(
+        ...decodeClaimed(claimed, { worker_id: offer.workerId, state: "running" as const }),
+      );
+    }
+    return written;
   }
 
   /**
@@ -148,6 +196,7 @@ export class Completer {
     outcomes: readonly Outcome[],
     written: WrittenRow[],
     rolledBack: { item: Outcome; error: unknown }[],
+    handed: ClaimedJob[] = [],
   ): CompleteResult {
     const done = new Set(written.map((r) => r.id));
     const failed = new Set(rolledBack.map((r) => r.item));
@@ -155,6 +204,7 @@ export class Completer {
       written,
       stale: outcomes.filter((o) => !done.has(o.id) && !failed.has(o)),
       rolledBack,
+      handed,
     };
   }
 
@@ -234,16 +284,16 @@ class OutcomeEncodingError extends Error {
  * {@linkcode params}, an error of which is an {@linkcode OutcomeEncodingError} (without
  * the original as its cause: whatever a result's getter threw must not look transient).
  */
-function encode(outcomes: readonly Outcome[]): never {
+function encode(outcomes: readonly Outcome[], offer?: HandOffer): never {
   try {
-    return params(outcomes);
+    return [...params(outcomes), ...handOffParams(offer)] as never;
   } catch {
     throw new OutcomeEncodingError();
   }
 }
 
 /** The parameters of the outcome UPDATE: parallel arrays, one element per outcome. */
-function params(outcomes: readonly Outcome[]): never {
+function params(outcomes: readonly Outcome[]): unknown[] {
   // Arrays for unnest: planned in a fraction of the time a JSON document takes.
   const n = outcomes.length;
   const ids = new Array<string>(n);
@@ -277,7 +327,22 @@ function params(outcomes: readonly Outcome[]): never {
     nullIfAllNull(delays),
     nullIfAllNull(deadTasks),
     nullIfAllNull(deadQueues),
-  ] as never;
+  ];
+}
+
+/**
+ * The hand-off parameters of the outcome write: worker id, queues, slots per queue, total,
+ * tasks; none offered without an offer (the statement then queues every dependent).
+ */
+function handOffParams(offer?: HandOffer): unknown[] {
+  if (!offer || offer.total <= 0) return ["", [], [], 0, []];
+  return [
+    offer.workerId,
+    offer.requests.map((r) => r.queue),
+    offer.requests.map((r) => r.slots),
+    offer.total,
+    offer.tasks,
+  ];
 }
 
 function nullIfAllNull<T>(values: (T | null)[]): (T | null)[] | null {
@@ -318,12 +383,13 @@ function deleteStatement(s: string): string {
 }
 
 /**
- * The outcome UPDATE: the `complete_jobs` function of migrations/0010 (fenced on run_count
+ * The outcome UPDATE: the `complete_jobs` function of migrations/0016 (fenced on run_count
  * and state 'running'; its plan is kept per connection; a job it fails for good gets its
- * dead letter in the same statement). Reads a {@linkcode WrittenRow}: id, new state,
- * attempts, run_at in epoch milliseconds.
+ * dead letter in the same statement; the dependents it queues may be handed to the worker,
+ * $9 to $13). Reads a {@linkcode WrittenRow}: id, new state, attempts, run_at in epoch
+ * milliseconds, whether others depend on it; or a handed job's claim columns (`claimed`).
  */
 function completeStatement(s: string): string {
-  return `select id, state, attempt, run_at_ms
-            from ${s}.complete_jobs($1, $2, $3, $4, $5, $6, $7, $8)`;
+  return `select id, state, attempt, run_at_ms, has_dependents, claimed
+            from ${s}.complete_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`;
 }

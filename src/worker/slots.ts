@@ -29,6 +29,11 @@ export interface SlotsConfig {
   readonly metrics?: WorkerMetrics;
   /** A slot was freed; `wasFull`: its queue had no room (or the writes none) before. */
   readonly onFreed?: (wasFull: boolean) => void;
+  /**
+   * Whether a run of `row` that succeeded keeps its slot until its outcome is written, for
+   * the dependents the write may hand to this worker (see {@linkcode Slots.release}).
+   */
+  readonly keepFor?: (row: ClaimedJob) => boolean;
 }
 
 /** A run in a slot; `execution` is null only while its start() has not returned. */
@@ -49,6 +54,9 @@ export class Slots {
   #runs = new Map<string, Running>();
   /** Running jobs per queue (kept beside #runs: counting it per finish is O(slots)). */
   #busy = new Map<string, number>();
+  /** Slots kept for a hand-off per queue (finished runs whose outcome is being written). */
+  #kept = new Map<string, number>();
+  #keptTotal = 0;
 
   /** Make empty slots. */
   constructor(config: SlotsConfig) {
@@ -91,11 +99,24 @@ export class Slots {
       this.#config.metrics?.observe(row.task, row.queue, durationMs);
       this.#runs.delete(row.id);
       this.#busy.set(row.queue, this.#busy.get(row.queue)! - 1);
-      this.#config.onFreed?.(wasFull);
-      if (outcome) this.#config.completer.complete(outcome, row);
+      const keep = outcome?.kind === "succeeded" && this.#config.keepFor?.(row) === true;
+      if (keep) {
+        // Still taken for the claims: its write may hand this worker a job to run in it.
+        this.#kept.set(row.queue, (this.#kept.get(row.queue) ?? 0) + 1);
+        this.#keptTotal++;
+      } else this.#config.onFreed?.(wasFull);
+      if (outcome) this.#config.completer.complete(outcome, row, keep);
       else this.#config.completer.completedInTx(row.id, row);
     });
     if (this.#runs.get(row.id) === run) run.execution = execution;
+  }
+
+  /** Free slots kept for a hand-off, one per queue given (each as many times as kept). */
+  release(queues: readonly string[]): void {
+    for (const queue of queues) {
+      this.#kept.set(queue, this.#kept.get(queue)! - 1);
+      this.#keptTotal--;
+    }
   }
 
   /** A running job's cancel request (listener, heartbeat): interrupt its run. */
@@ -134,19 +155,21 @@ export class Slots {
 
   /** Whether `queue` has no free slot. */
   isFull(queue: string): boolean {
-    if (this.#config.fair) return this.#runs.size >= this.#config.slots;
-    return (this.#busy.get(queue) ?? 0) >= this.#config.slots;
+    if (this.#config.fair) return this.#runs.size + this.#keptTotal >= this.#config.slots;
+    return (this.#busy.get(queue) ?? 0) + (this.#kept.get(queue) ?? 0) >= this.#config.slots;
   }
 
-  /** The free slots per queue, and how many jobs that makes in all. */
+  /** The free slots per queue (not those kept for a hand-off), and how many jobs in all. */
   free(): { requests: ClaimRequest[]; total: number } {
     const { queues, slots, fair } = this.#config;
     if (fair) {
-      const total = slots - this.#runs.size;
+      const total = slots - this.#runs.size - this.#keptTotal;
       return { requests: queues.map((queue) => ({ queue, slots: total })), total };
     }
-    const requests = queues.map((queue) => ({ queue, slots: slots - (this.#busy.get(queue) ?? 0) }))
-      .filter((r) => r.slots > 0);
+    const requests = queues.map((queue) => ({
+      queue,
+      slots: slots - (this.#busy.get(queue) ?? 0) - (this.#kept.get(queue) ?? 0),
+    })).filter((r) => r.slots > 0);
     return { requests, total: requests.reduce((sum, r) => sum + r.slots, 0) };
   }
 }

@@ -11,13 +11,14 @@
  */
 import { deadLetterTargets } from "../dead_letter.ts";
 import type { Akadze } from "../app.ts";
-import { describeError, isReadOnlyError, isTransientError, jobsChannel } from "../db.ts";
+import { describeError, isReadOnlyError, isTransientError, jobsChannel, type Sql } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import { activeTracer, readTraceContexts } from "../tracing.ts";
 import { LoopConnection } from "../loop_connection.ts";
 import { BatchCompleter } from "./batch_completer.ts";
 import { Canceller } from "./canceller.ts";
-import { type ClaimedJob, Claimer } from "./claimer.ts";
+import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
+import type { HandOffer } from "./completer.ts";
 import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./config.ts";
 import { Executor } from "./executor.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
@@ -87,6 +88,17 @@ export class Worker {
   #blocks: LoopBlocks;
   /** The claim being started (a block in one of its runs holds up the rest). */
   #starting: readonly ClaimedJob[] = [];
+  /** Jobs handed to this worker by an outcome write, not started yet (tracing's read). */
+  #handing = new Set<ClaimedJob>();
+  /**
+   * The tasks of which a job that finished here had dependents: their successes keep their slot
+   * for the hand-off (see {@linkcode Slots}); other jobs free theirs at once, as before.
+   */
+  #dependents = new Set<string>();
+  /** Whether outcome writes may hand jobs over (not with onTransition hooks or retention 0). */
+  #handOffs: boolean;
+  /** The loop has returned (a drain or the last writes follow): nothing more is taken. */
+  #loopEnded = false;
   #wake = new Wake();
   #claims = 0;
   #offset = 0;
@@ -141,6 +153,7 @@ export class Worker {
     this.#scheduler = config.schedules ? new Scheduler(loopSql, { app }) : null;
     const tasks = [...app.tasks.keys()];
     this.#claimer = new Claimer(loopSql, { schema, workerId: this.id, tasks, hooks });
+    this.#handOffs = hooks.length === 0 && app.retention !== 0;
     // Every pass in batch mode (a batch run ends when nothing is left to do).
     const interval = config.batch ? 0 : undefined;
     this.#canceller = new Canceller(loopSql, { schema, queues: config.queues, hooks, interval });
@@ -165,13 +178,16 @@ export class Worker {
         const full = queues.filter((q) => this.#slots.isFull(q));
         if (app.notify && full.length > 0) this.#notifyLimitFreed(full);
       },
+      offer: (queues) => this.#offer(queues, tasks),
+      onHandOff: (queues, handed, lost) => void this.#takeHanded(queues, handed, lost),
+      onDependents: (task) => this.#dependents.add(task),
     });
     this.#blocks = new LoopBlocks({
       ...config,
       jobs: () => {
         const runs = this.#slots.runs();
         const ids = new Set(runs.map((r) => r.id));
-        for (const row of this.#starting) {
+        for (const row of [...this.#starting, ...this.#handing]) {
           if (!ids.has(row.id)) runs.push({ id: row.id, runCount: row.run_count, task: row.task });
         }
         return runs;
@@ -190,6 +206,9 @@ export class Worker {
       onFreed: (wasFull) => {
         if (wasFull || config.batch || this.#draining) this.#wake.up();
       },
+      keepFor: (row) =>
+        this.#handOffs && !this.#stopRequested && !this.#loopEnded &&
+        this.#dependents.has(row.task),
     });
   }
 
@@ -309,6 +328,7 @@ export class Worker {
     let ended = false;
     try {
       exit = await Promise.race([loop, stalled]);
+      this.#loopEnded = true;
       watch.stop();
       pruned = this.#pruner.settle(RELEASE_TIMEOUT);
       if (this.#exitCode !== null) {
@@ -475,7 +495,8 @@ export class Worker {
     // No claim runs during a beat, so what it reports running and this worker does not
     // know of is not its to finish: a claim whose reply was lost, an unwritten outcome.
     const running = [...this.#slots.ids()];
-    const known = new Set([...running, ...this.#completer.ids()]);
+    const handing = [...this.#handing].map((row) => row.id);
+    const known = new Set([...running, ...handing, ...this.#completer.ids()]);
     let lease;
     try {
       lease = await this.#heartbeat.beat({ running });
@@ -521,13 +542,64 @@ export class Worker {
   }
 
   /**
+   * What an outcome write may hand this worker (slots kept for it, one per queue in
+   * `queues`): as many jobs, of its tasks; nothing once it is stopping.
+   */
+  #offer(queues: readonly string[], tasks: readonly string[]): HandOffer | null {
+    if (this.#stopRequested || this.#loopEnded || this.#loopLeft) return null;
+    let total = queues.length;
+    const { maxJobs, fair } = this.config;
+    if (maxJobs !== undefined) total = Math.min(total, maxJobs - this.#claims);
+    if (total <= 0) return null;
+    let requests: ClaimRequest[];
+    if (fair) requests = this.config.queues.map((queue) => ({ queue, slots: total }));
+    else {
+      const slots = new Map<string, number>();
+      for (const q of queues) slots.set(q, (slots.get(q) ?? 0) + 1);
+      requests = [...slots].map(([queue, n]) => ({ queue, slots: n }));
+    }
+    return { workerId: this.id, requests, total, tasks };
+  }
+
+  /**
+   * The end of an outcome write that kept slots: free them and start the jobs it handed to
+   * this worker in them, as a claim's (counted, logged, traced). Once the loop has returned
+   * they are put back instead (a stop requested meanwhile drains them, as a claim's that was
+   * under way). `lost`: a try of the write failed, and may have committed a hand-off all the
+   * same (the next beat looks for such jobs).
+   */
+  async #takeHanded(queues: string[], handed: ClaimedJob[], lost: boolean): Promise<void> {
+    if (lost) this.#heartbeat.orphansMayExist();
+    if (handed.length > 0 && activeTracer() !== null) {
+      for (const row of handed) this.#handing.add(row);
+      await this.#readTraceContexts(handed, this.#app.sql);
+      for (const row of handed) this.#handing.delete(row);
+    }
+    this.#slots.release(queues);
+    if (this.#loopEnded || this.#loopLeft) {
+      this.#completer.release(handed.map((row) => ({ id: row.id, runCount: row.run_count })));
+      handed = [];
+    }
+    if (log.debugEnabled()) handed.forEach(log.logClaimed);
+    this.#claims += handed.length;
+    this.#starting = handed;
+    for (const row of handed) this.#slots.start(row);
+    this.#starting = [];
+    // A kept slot left free: the loop may claim into it now.
+    if (handed.length < queues.length) this.#wake.up();
+  }
+
+  /**
    * Tracing only: add each claimed job's stored trace context, so that its run joins the
    * enqueue's trace. A failed read leaves the runs without (they start traces of their own).
    */
-  async #readTraceContexts(claimed: ClaimedJob[]): Promise<void> {
+  async #readTraceContexts(
+    claimed: ClaimedJob[],
+    sql: Sql = this.#connection.sql,
+  ): Promise<void> {
     try {
       const contexts = await readTraceContexts(
-        this.#connection.sql,
+        sql,
         this.#app.schema,
         claimed.map((r) => r.id),
       );
