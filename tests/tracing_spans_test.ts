@@ -257,6 +257,9 @@ Deno.test("a flow's enqueue is one PRODUCER span whose context every step stores
       );
       assert(run, `the run of job ${id}`);
       assertEquals(run.parent?.spanId, producer.context.spanId);
+    }
+  });
+});
 
 Deno.test("a flow's step handed off by its dependency's outcome write runs in a CONSUMER span of its own, as a claimed one", async () => {
   await withApp("tracing_spans_hand_off", async (app, sql) => {
