@@ -438,7 +438,7 @@ Deno.addSignalListener("SIGINT", async () => {
 try {
   // --- The server, with a password in the URL.
   // With the failover phase: a primary and a synchronous standby, and everyone but the
-  // set-up on a multi-host URL that finds whichever is writable (docs/production.md).
+  // set-up on a multi-host URL that finds the primary, as docs/production.md advises.
   const settings = { max_connections: 400 };
   if (FAILOVER) {
     pair = await startSyncPair({ settings, databases: ["chaos"] });
@@ -453,7 +453,7 @@ try {
   const direct = `postgres://postgres:${password}@127.0.0.1:${pg.port}/chaos`;
   const url = pair
     ? `postgres://postgres:${password}@127.0.0.1:${pair.primary.port},` +
-      `127.0.0.1:${pair.standby.port}/chaos?target_session_attrs=read-write`
+      `127.0.0.1:${pair.standby.port}/chaos?target_session_attrs=primary`
     : direct;
   console.log(
     `server: PostgreSQL ${pg.version} (${pg.engine} binaries), ${redact(url)}` +
