@@ -13,7 +13,9 @@ import { parseArgs } from "node:util";
 import postgres from "postgres";
 import { Akadze, DuplicateJob, type FlowStep } from "../mod.ts";
 import { migrate, setLimit } from "../admin.ts";
+import { applyMigrations, MIGRATIONS } from "../src/migrate.ts";
 import { describeError, isTransientError, redact } from "../src/db.ts";
+import { HOST_ROUND_BACKOFF_MAX } from "../src/startup_guard.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
 import { crash, startSyncPair, type SyncPair, waitSync } from "../tests/_failover.ts";
 import {
@@ -29,6 +31,7 @@ import { Fleet, type WorkerProcess } from "./fleet.ts";
 import { CHAOS_SCHEMA, type Kind, register, TASKS, TICK_EVERY } from "./tasks.ts";
 
 const HELP = `Usage: deno task chaos [--jobs N] [--workers K] [--minutes M] [--seed S]
+                       [--failover | --no-failover] [--migrate-from VERSION]
 
 The chaos soak: N mixed jobs, K akadze worker processes, M minutes of seeded faults
 (SIGKILL, SIGSTOP/SIGCONT, pg_terminate_backend, a PostgreSQL restart, refused
@@ -43,6 +46,15 @@ Options:
   --prepare       workers and producers use prepared statements (prepare: true)
   --logs DIR      write the workers' logs there (default: a temporary directory)
   --keep-logs     keep the logs when every assertion passed (they are kept otherwise)
+  --failover      the failover phase: a primary and a synchronous standby, everyone on a
+                  multi-host URL; at 50 % of the window the primary is stopped hard
+                  (pg_ctl stop -m immediate) and the standby promoted (default: on from
+                  --minutes 10, the long profile; off below)
+  --no-failover   no failover phase, whatever --minutes
+  --migrate-from VERSION
+                  the migrate phase: the schema starts at VERSION (e.g. 0015_unique_key_modes)
+                  and the release that shipped it runs the workers and producers; at 25 % of
+                  the window \`akadze migrate\` brings it to the current schema under load
   -h, --help      show this help
 
 Short profile (CI, about two minutes): --jobs 600 --workers 3 --minutes 1.5 --seed 1`;
@@ -55,7 +67,15 @@ const HEARTBEAT_TTL = 3_000;
  * (10 s against 30 s): a query postgres.js routes to a connection killed under it can wait
  * that long (docs/worker.md), and a wait longer than the TTL loses the lease.
  */
-const CONNECT_TIMEOUT = HEARTBEAT_TTL / 3;
+const CONNECT_TIMEOUT_SINGLE = HEARTBEAT_TTL / 3;
+/**
+ * On the failover phase's multi-host URL a connect may first wait out the pause between rounds
+ * of hosts (up to HOST_ROUND_BACKOFF_MAX, 1 s) while the old primary stays down: with a
+ * connect timeout of 1 s, a worker's heartbeat connects timed out against a live new primary
+ * until it lost its lease (a first run: "the worker loop stalled" 6 s after the last outage).
+ * A second more than that pause, still under the TTL.
+ */
+const CONNECT_TIMEOUT_MULTI = HOST_ROUND_BACKOFF_MAX + 1_000;
 const POLL_INTERVAL = 250;
 const SHUTDOWN_TIMEOUT = 10_000;
 /** Allowed on top of heartbeatTtl + heartbeatInterval for the slowest rescue. */
@@ -70,6 +90,8 @@ const TERMINATE_EVERY: [number, number] = [3_000, 10_000];
 /** Fractions of the window at which PostgreSQL restarts, then refuses connections. */
 const RESTART_AT = 0.35;
 const HALT_AT = 0.7;
+/** The migrate phase: `akadze migrate` runs at this fraction of the window. */
+const MIGRATE_AT = 0.25;
 /** The failover phase: the primary is stopped hard at this fraction of the window. */
 const FAILOVER_AT = 0.5;
 /**
@@ -140,6 +162,18 @@ const SEED = Math.floor(numberFlag("seed", flags.seed, 1 + Math.floor(Math.rando
 const WINDOW = MINUTES * 60_000;
 /** The failover phase: on with --failover, and by default in the long profile (≥ 10 min). */
 const FAILOVER = !flags["no-failover"] && (flags.failover ?? MINUTES >= 10);
+const CONNECT_TIMEOUT = FAILOVER ? CONNECT_TIMEOUT_MULTI : CONNECT_TIMEOUT_SINGLE;
+/** The migrate phase: the schema version the run starts at (--migrate-from), if any. */
+const MIGRATE_FROM = flags["migrate-from"];
+const FROM_INDEX = MIGRATIONS.findIndex((m) => m.version === MIGRATE_FROM);
+if (MIGRATE_FROM !== undefined && (FROM_INDEX < 0 || FROM_INDEX === MIGRATIONS.length - 1)) {
+  console.error(
+    `error: --migrate-from must be an earlier schema version, one of ${
+      MIGRATIONS.slice(0, -1).map((m) => m.version).join(", ")
+    }; got "${MIGRATE_FROM}"`,
+  );
+  Deno.exit(2);
+}
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
 // ---------------------------------------------------------------------------------------
@@ -337,6 +371,42 @@ async function snapshotCode(root: string, into: string): Promise<[string, string
 }
 
 /** `url` with an application_name (the URL may be multi-host, which URL cannot parse). */
+/**
+ * The release whose newest schema version is `version`: the code of the commit before the one
+ * that added the next version, with this run's chaos/ (its tasks and tables), the way
+ * snapshotCode lays it out. Its workers and producers run until `akadze migrate` has run.
+ */
+async function releaseCode(root: string, code: string, into: string): Promise<[string, string]> {
+  const next = MIGRATIONS[FROM_INDEX + 1].version;
+  const git = async (...args: string[]) => {
+    const out = await new Deno.Command("git", { args, cwd: root, stdout: "piped", stderr: "piped" })
+      .output();
+    if (!out.success) {
+      throw new Error(`git ${args[0]}: ${new TextDecoder().decode(out.stderr).trim()}`);
+    }
+    return new TextDecoder().decode(out.stdout).trim();
+  };
+  const added = (await git("log", "--diff-filter=A", "--format=%H", "--", `migrations/${next}.sql`))
+    .split("\n").pop();
+  if (!added) throw new Error(`no commit adds migrations/${next}.sql: --migrate-from needs git`);
+  const commit = await git("rev-parse", "--short", `${added}^`);
+  const dir = `${into}/release-code`;
+  await Deno.mkdir(dir, { recursive: true });
+  const paths = ["cli.ts", "mod.ts", "admin.ts", "deno.json", "deno.lock", "src", "migrations"];
+  const unpack = await new Deno.Command("bash", {
+    args: ["-c", `git archive "$1" -- "\${@:2}" | tar -x -C "${dir}"`, "bash", commit, ...paths],
+    cwd: root,
+    stderr: "piped",
+  }).output();
+  if (!unpack.success) {
+    throw new Error(`git archive ${commit}: ${new TextDecoder().decode(unpack.stderr).trim()}`);
+  }
+  const copy = await new Deno.Command("cp", { args: ["-r", `${code}/chaos`, dir] }).output();
+  if (!copy.success) throw new Error("could not copy chaos/ into the release's code");
+  await Deno.symlink(`${root}/node_modules`, `${dir}/node_modules`).catch(() => {});
+  return [dir, `git ${commit} (before ${next})`];
+}
+
 function withAppName(url: string, name: string): string {
   return `${url}${url.includes("?") ? "&" : "?"}application_name=${name}`;
 }
@@ -411,17 +481,22 @@ console.log(
   `akadze chaos: seed ${SEED}, ${JOBS} jobs, ${WORKERS} workers × ${SLOTS} slots per queue, ` +
     `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, ` +
     `TTL ${secs(HEARTBEAT_TTL)}, connect timeout ${secs(CONNECT_TIMEOUT)}` +
-    (PREPARE ? "; prepared statements" : ""),
+    (PREPARE ? "; prepared statements" : "") + (FAILOVER ? "; failover phase" : "") +
+    (MIGRATE_FROM ? `; migrate phase from ${MIGRATE_FROM}` : ""),
 );
 console.log(
   `rerun: deno task chaos --jobs ${JOBS} --workers ${WORKERS} --minutes ${MINUTES} ` +
-    `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}${PREPARE ? " --prepare" : ""}`,
+    `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}${PREPARE ? " --prepare" : ""}` +
+    (FAILOVER !== MINUTES >= 10 ? (FAILOVER ? " --failover" : " --no-failover") : "") +
+    (MIGRATE_FROM ? ` --migrate-from ${MIGRATE_FROM}` : ""),
 );
 
 let pg: ThrowawayPostgres | undefined;
 let pair: SyncPair | undefined;
 let fleet: Fleet | undefined;
 let app: Akadze | undefined;
+/** With the migrate phase: the producers' app of the release the run starts at. */
+let releaseApp: Akadze | undefined;
 let sampler: postgres.Sql | undefined;
 let exitCode = 1;
 let migration:
@@ -459,13 +534,39 @@ try {
     `server: PostgreSQL ${pg.version} (${pg.engine} binaries), ${redact(url)}` +
       `${pair ? " (primary, synchronous standby)" : ""}; logs in ${logDir}`,
   );
-  await migrate(direct);
+  if (MIGRATE_FROM) await applyMigrations(direct, MIGRATIONS.slice(0, FROM_INDEX + 1));
+  else await migrate(direct);
   const setup = postgres(direct, { max: 1, onnotice: () => {} });
   await setup.unsafe(CHAOS_SCHEMA);
   await setup.end({ timeout: 1 });
 
-  app = new Akadze({ databaseUrl: withAppName(url, "chaos_harness"), max: 8, prepare: PREPARE });
-  app.include({ register });
+  // --- The code under test, snapshotted; with the migrate phase also the release whose
+  // schema the run starts at, whose workers and producers run until the migration.
+  const [code, described] = await snapshotCode(ROOT, logDir);
+  console.log(`code: ${described}, copied to ${code}`);
+  const [release, releaseDescribed] = MIGRATE_FROM
+    ? await releaseCode(ROOT, code, logDir)
+    : [code, ""];
+  if (MIGRATE_FROM) {
+    console.log(
+      `migrate phase: schema at ${MIGRATE_FROM}; until akadze migrate runs at ` +
+        `${MIGRATE_AT * 100} % of the window, workers and producers run ${releaseDescribed}`,
+    );
+  }
+  const Release = MIGRATE_FROM
+    ? await import(`${release}/mod.ts`) as typeof import("../mod.ts")
+    : undefined;
+  const harnessApp = (Class: typeof Akadze) => {
+    const made = new Class({
+      databaseUrl: withAppName(url, "chaos_harness"),
+      max: 8,
+      prepare: PREPARE,
+    });
+    made.include({ register });
+    return made;
+  };
+  app = harnessApp(Release?.Akadze ?? Akadze);
+  releaseApp = Release ? app : undefined;
   for (const [key, maxRunning] of Object.entries(LIMITS)) {
     await setLimit(app.sql, key, { maxRunning });
   }
@@ -493,11 +594,9 @@ try {
       }; ${UNIQUE_KEYS} unique keys`,
   );
 
-  // --- The workers, on a snapshot of the code.
-  const [code, described] = await snapshotCode(ROOT, logDir);
-  console.log(`code: ${described}, copied to ${code}`);
+  // --- The workers.
   const activeFleet = fleet = new Fleet({
-    root: code,
+    root: release,
     url,
     workerArgs: [
       "--queue",
@@ -542,7 +641,7 @@ try {
     },
   });
   for (let i = 0; i < WORKERS; i++) fleet.spawn();
-  const appSql = app.sql;
+  let appSql = app.sql;
   await retrying("the workers to register", async () => {
     const [{ n }] = await appSql`select count(*)::int as n from akadze.workers`;
     if (n < WORKERS) throw new Error(`${n} of ${WORKERS} workers registered`);
@@ -567,7 +666,10 @@ try {
                 id = await task.using({ session: tx, uniqueKey: key }).enqueue(batch.args[0]);
                 uniqueKey = key;
               } catch (error) {
-                if (!(error instanceof DuplicateJob)) throw error;
+                // (The release's producers throw the release's DuplicateJob.)
+                if (!(error instanceof DuplicateJob || (error as Error)?.name === "DuplicateJob")) {
+                  throw error;
+                }
                 // The refusal left the transaction usable: record it in it.
                 await tx`insert into chaos.duplicates (seq, unique_key)
                          values (${batch.seqs[0]}, ${key})`;
@@ -802,6 +904,7 @@ try {
   };
   const serverLoop = async (primary: ThrowawayPostgres) => {
     let server = primary;
+    await migrated;
     if (!await pause(t0 + RESTART_AT * WINDOW - Date.now())) return;
     dbDown = true;
     let from = Date.now();
@@ -840,6 +943,47 @@ try {
     outages.push({ kind: "halt", from, to });
     logFault({ at: from, kind: "halt", detail: `connections refused for ${secs(to - from, 2)}` });
   };
+  // The migrate phase: `akadze migrate` (this run's CLI) while the release's workers and
+  // producers run; then producers and new workers run this run's code. The server faults
+  // wait for it (an outage would fail the migration, which is not what this phase tests).
+  const migrateLoop = async () => {
+    if (!MIGRATE_FROM || !await pause(t0 + MIGRATE_AT * WINDOW - Date.now())) return;
+    const at = Date.now();
+    const done = migration = {
+      from: MIGRATE_FROM,
+      at,
+      to: null as number | null,
+      error: null as string | null,
+    };
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "--allow-all", `${code}/cli.ts`, "migrate"],
+      cwd: code,
+      env: { AKADZE_DATABASE_URL: url, NO_COLOR: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+    const lines = text.trim().split("\n").filter(Boolean);
+    harnessMessages.push(...lines);
+    if (!out.success) {
+      done.error = `exit ${out.code}: ${lines.slice(-3).join(" | ")}`;
+      logFault({ at, kind: "migrate", detail: `FAILED: ${done.error}` });
+      return;
+    }
+    done.to = Date.now();
+    logFault({
+      at,
+      kind: "migrate",
+      detail: `akadze migrate from ${MIGRATE_FROM} in ${secs(done.to - at, 2)}: ` +
+        `${lines.length} lines, "${
+          lines.at(-1) ?? ""
+        }"; new workers and producers run ${described}`,
+    });
+    activeFleet.useRoot(code);
+    app = harnessApp(Akadze);
+    appSql = app.sql;
+  };
+  const migrated = migrateLoop();
   const progressLoop = async () => {
     while (await pause(PROGRESS_EVERY)) {
       try {
@@ -862,6 +1006,7 @@ try {
     stopLoop(),
     terminateLoop(),
     serverLoop(pg),
+    migrated,
     progressLoop(),
   ]);
 
@@ -1013,6 +1158,7 @@ try {
   await fleet?.killAll();
   await sampler?.end({ timeout: 1 }).catch(() => {});
   await app?.close().catch(() => {});
+  await releaseApp?.close().catch(() => {});
   await (pair ?? pg)?.stop();
 }
 Deno.exit(exitCode);
