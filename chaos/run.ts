@@ -52,7 +52,7 @@ Options:
                   --minutes 10, the long profile; off below)
   --no-failover   no failover phase, whatever --minutes
   --migrate-from VERSION
-                  the migrate phase: the schema starts at VERSION (e.g. 0015_unique_key_modes)
+                  the migrate phase: the schema starts at VERSION (e.g. 0014_flow_speed)
                   and the release that shipped it runs the workers and producers; at 25 % of
                   the window \`akadze migrate\` brings it to the current schema under load
   -h, --help      show this help
@@ -96,7 +96,7 @@ const MIGRATE_AT = 0.25;
 const FAILOVER_AT = 0.5;
 /**
  * How long after the crash the standby is promoted: the time a failover manager takes to
- * decide. Meanwhile the workers' read-write check lands on the standby, which refuses writes.
+ * decide. Meanwhile no host is a primary: connections wait for one (target_session_attrs).
  */
 const PROMOTE_AFTER = 1_000;
 /** How long connections are refused (after the server is down, before it starts again). */
@@ -370,14 +370,13 @@ async function snapshotCode(root: string, into: string): Promise<[string, string
   return [dir, head ? `git ${head} + ${changed} uncommitted changes` : "not a git checkout"];
 }
 
-/** `url` with an application_name (the URL may be multi-host, which URL cannot parse). */
 /**
- * The release whose newest schema version is `version`: the code of the commit before the one
- * that added the next version, with this run's chaos/ (its tasks and tables), the way
- * snapshotCode lays it out. Its workers and producers run until `akadze migrate` has run.
+ * The release that ran on the schema at MIGRATE_FROM: the newest commit of the branch's
+ * first-parent history whose migrations/ holds exactly the versions up to it, unpacked
+ * with this run's chaos/ (its tasks and tables) the way snapshotCode lays the code out.
+ * Its workers and producers run until `akadze migrate` has run.
  */
 async function releaseCode(root: string, code: string, into: string): Promise<[string, string]> {
-  const next = MIGRATIONS[FROM_INDEX + 1].version;
   const git = async (...args: string[]) => {
     const out = await new Deno.Command("git", { args, cwd: root, stdout: "piped", stderr: "piped" })
       .output();
@@ -386,10 +385,22 @@ async function releaseCode(root: string, code: string, into: string): Promise<[s
     }
     return new TextDecoder().decode(out.stdout).trim();
   };
-  const added = (await git("log", "--diff-filter=A", "--format=%H", "--", `migrations/${next}.sql`))
-    .split("\n").pop();
-  if (!added) throw new Error(`no commit adds migrations/${next}.sql: --migrate-from needs git`);
-  const commit = await git("rev-parse", "--short", `${added}^`);
+  const want = MIGRATIONS.slice(0, FROM_INDEX + 1).map((m) => `migrations/${m.version}.sql`);
+  let commit: string | undefined;
+  for (const c of (await git("log", "--first-parent", "--format=%h", "HEAD")).split("\n")) {
+    const files = (await git("ls-tree", "--name-only", c, "migrations/")).split("\n")
+      .filter((f) => f.endsWith(".sql")).sort();
+    if (files.join("\n") === want.join("\n")) {
+      commit = c;
+      break;
+    }
+  }
+  if (!commit) {
+    throw new Error(
+      `no commit of this branch's history ships exactly the migrations up to ${MIGRATE_FROM} ` +
+        "(a later version landed before it): choose another --migrate-from",
+    );
+  }
   const dir = `${into}/release-code`;
   await Deno.mkdir(dir, { recursive: true });
   const paths = ["cli.ts", "mod.ts", "admin.ts", "deno.json", "deno.lock", "src", "migrations"];
@@ -404,9 +415,10 @@ async function releaseCode(root: string, code: string, into: string): Promise<[s
   const copy = await new Deno.Command("cp", { args: ["-r", `${code}/chaos`, dir] }).output();
   if (!copy.success) throw new Error("could not copy chaos/ into the release's code");
   await Deno.symlink(`${root}/node_modules`, `${dir}/node_modules`).catch(() => {});
-  return [dir, `git ${commit} (before ${next})`];
+  return [dir, `git ${commit} (schema ${MIGRATE_FROM})`];
 }
 
+/** `url` with an application_name (the URL may be multi-host, which URL cannot parse). */
 function withAppName(url: string, name: string): string {
   return `${url}${url.includes("?") ? "&" : "?"}application_name=${name}`;
 }
