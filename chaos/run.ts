@@ -15,7 +15,6 @@ import { Akadze, DuplicateJob, type FlowStep } from "../mod.ts";
 import { migrate, setLimit } from "../admin.ts";
 import { applyMigrations, MIGRATIONS } from "../src/migrate.ts";
 import { describeError, isTransientError, redact } from "../src/db.ts";
-import { HOST_ROUND_BACKOFF_MAX } from "../src/startup_guard.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
 import { crash, startSyncPair, type SyncPair, waitSync } from "../tests/_failover.ts";
 import {
@@ -58,66 +57,6 @@ Options:
   -h, --help      show this help
 
 Short profile (CI, about two minutes): --jobs 600 --workers 3 --minutes 1.5 --seed 1`;
-
-// Worker timings: short, so that rescues happen within the run.
-const HEARTBEAT_INTERVAL = 500;
-const HEARTBEAT_TTL = 3_000;
-/**
- * The workers' pool connect timeout, scaled with the TTL as production's defaults are
- * (10 s against 30 s): a query postgres.js routes to a connection killed under it can wait
- * that long (docs/worker.md), and a wait longer than the TTL loses the lease.
- */
-const CONNECT_TIMEOUT_SINGLE = HEARTBEAT_TTL / 3;
-/**
- * On the failover phase's multi-host URL a connect may first wait out the pause between rounds
- * of hosts (up to HOST_ROUND_BACKOFF_MAX, 1 s) while the old primary stays down: with a
- * connect timeout of 1 s, a worker's heartbeat connects timed out against a live new primary
- * until it lost its lease (a first run: "the worker loop stalled" 6 s after the last outage).
- * A second more than that pause, still under the TTL.
- */
-const CONNECT_TIMEOUT_MULTI = HOST_ROUND_BACKOFF_MAX + 1_000;
-const POLL_INTERVAL = 250;
-const SHUTDOWN_TIMEOUT = 10_000;
-/** Allowed on top of heartbeatTtl + heartbeatInterval for the slowest rescue. */
-const RESCUE_SLACK = 1_000;
-/** Added to that bound per database outage a rescue had to wait through. */
-const RECONNECT_ALLOWANCE = 1_000;
-// The fault schedule (ms).
-const KILL_EVERY: [number, number] = [5_000, 15_000];
-const STOP_EVERY: [number, number] = [15_000, 30_000];
-const STOP_FOR: [number, number] = [HEARTBEAT_TTL + 1_000, HEARTBEAT_TTL + 2_500];
-const TERMINATE_EVERY: [number, number] = [3_000, 10_000];
-/** Fractions of the window at which PostgreSQL restarts, then refuses connections. */
-const RESTART_AT = 0.35;
-const HALT_AT = 0.7;
-/** The migrate phase: `akadze migrate` runs at this fraction of the window. */
-const MIGRATE_AT = 0.25;
-/** The failover phase: the primary is stopped hard at this fraction of the window. */
-const FAILOVER_AT = 0.5;
-/**
- * How long after the crash the standby is promoted: the time a failover manager takes to
- * decide. Meanwhile no host is a primary: connections wait for one (target_session_attrs).
- */
-const PROMOTE_AFTER = 1_000;
-/** How long connections are refused (after the server is down, before it starts again). */
-const HALT_FOR = 1_500;
-/** Producers spread the jobs over this fraction of the window. */
-const ENQUEUE_SHARE = 0.8;
-const PRODUCERS = 3;
-/** maxRunning of the limit keys. */
-const LIMITS: Record<string, number> = { "lk-a": 1, "lk-b": 2, "lk-c": 3 };
-const UNIQUE_KEYS = 20;
-/**
- * The longest time with work ready and no job finishing (assertion 24). The longest outage
- * (a failover: crash, PROMOTE_AFTER, promotion) plus the TTL and a reconnect make up most of
- * it; measured 0.0 s (see docs/reliability.md), the bound leaves room for a slow machine.
- */
-const STALL_BOUND = 15_000;
-const DRAIN_TIMEOUT = 180_000;
-const FINAL_STOP_TIMEOUT = 30_000;
-const RSS_LIMIT_MB = 512;
-const SAMPLE_EVERY = 50;
-const PROGRESS_EVERY = 30_000;
 
 // ---------------------------------------------------------------------------------------
 // Options
@@ -162,7 +101,6 @@ const SEED = Math.floor(numberFlag("seed", flags.seed, 1 + Math.floor(Math.rando
 const WINDOW = MINUTES * 60_000;
 /** The failover phase: on with --failover, and by default in the long profile (≥ 10 min). */
 const FAILOVER = !flags["no-failover"] && (flags.failover ?? MINUTES >= 10);
-const CONNECT_TIMEOUT = FAILOVER ? CONNECT_TIMEOUT_MULTI : CONNECT_TIMEOUT_SINGLE;
 /** The migrate phase: the schema version the run starts at (--migrate-from), if any. */
 const MIGRATE_FROM = flags["migrate-from"];
 const FROM_INDEX = MIGRATIONS.findIndex((m) => m.version === MIGRATE_FROM);
@@ -175,6 +113,65 @@ if (MIGRATE_FROM !== undefined && (FROM_INDEX < 0 || FROM_INDEX === MIGRATIONS.l
   Deno.exit(2);
 }
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+
+// Worker timings: short, so that rescues happen within the run.
+const HEARTBEAT_INTERVAL = 500;
+/**
+ * The heartbeat TTL: 3 s, and 6 s with the failover phase. On its multi-host URL a new
+ * connection may try the standby first (turned down: not a primary) and, after a round of
+ * hosts failed, wait out akadze's pause between rounds (up to 1 s) before it connects: with
+ * TTL 3 s, a worker lost its lease on reconnecting to a live primary (connect timeout 1 s: 6 s
+ * after the last outage; 2 s: after its connections were terminated, load average 14).
+ */
+const HEARTBEAT_TTL = FAILOVER ? 6_000 : 3_000;
+/**
+ * The workers' pool connect timeout, scaled with the TTL as production's defaults are
+ * (10 s against 30 s): a query postgres.js routes to a connection killed under it can wait
+ * that long (docs/worker.md), and a wait longer than the TTL loses the lease.
+ */
+const CONNECT_TIMEOUT = HEARTBEAT_TTL / 3;
+const POLL_INTERVAL = 250;
+const SHUTDOWN_TIMEOUT = 10_000;
+/** Allowed on top of heartbeatTtl + heartbeatInterval for the slowest rescue. */
+const RESCUE_SLACK = 1_000;
+/** Added to that bound per database outage a rescue had to wait through. */
+const RECONNECT_ALLOWANCE = 1_000;
+// The fault schedule (ms).
+const KILL_EVERY: [number, number] = [5_000, 15_000];
+const STOP_EVERY: [number, number] = [15_000, 30_000];
+const STOP_FOR: [number, number] = [HEARTBEAT_TTL + 1_000, HEARTBEAT_TTL + 2_500];
+const TERMINATE_EVERY: [number, number] = [3_000, 10_000];
+/** Fractions of the window at which PostgreSQL restarts, then refuses connections. */
+const RESTART_AT = 0.35;
+const HALT_AT = 0.7;
+/** The migrate phase: `akadze migrate` runs at this fraction of the window. */
+const MIGRATE_AT = 0.25;
+/** The failover phase: the primary is stopped hard at this fraction of the window. */
+const FAILOVER_AT = 0.5;
+/**
+ * How long after the crash the standby is promoted: the time a failover manager takes to
+ * decide. Meanwhile no host is a primary: connections wait for one (target_session_attrs).
+ */
+const PROMOTE_AFTER = 1_000;
+/** How long connections are refused (after the server is down, before it starts again). */
+const HALT_FOR = 1_500;
+/** Producers spread the jobs over this fraction of the window. */
+const ENQUEUE_SHARE = 0.8;
+const PRODUCERS = 3;
+/** maxRunning of the limit keys. */
+const LIMITS: Record<string, number> = { "lk-a": 1, "lk-b": 2, "lk-c": 3 };
+const UNIQUE_KEYS = 20;
+/**
+ * The longest time with work ready and no job finishing (assertion 24). The longest outage
+ * (a failover: crash, PROMOTE_AFTER, promotion) plus the TTL and a reconnect make up most of
+ * it; measured 0.0 s (see docs/reliability.md), the bound leaves room for a slow machine.
+ */
+const STALL_BOUND = 15_000;
+const DRAIN_TIMEOUT = 180_000;
+const FINAL_STOP_TIMEOUT = 30_000;
+const RSS_LIMIT_MB = 512;
+const SAMPLE_EVERY = 50;
+const PROGRESS_EVERY = 30_000;
 
 // ---------------------------------------------------------------------------------------
 // Seeded randomness (mulberry32), one stream per purpose so each schedule stands alone.
