@@ -8,7 +8,7 @@
 //   - "update": as src does (complete_jobs: the row stays in `jobs`, marked succeeded);
 //   - "history": moved to a history table with the same columns, primary key and finished_at
 //     index (DELETE ... RETURNING into INSERT, one statement per batch; NOT what akadze does:
-//     SPEC §4 keeps finished jobs in `jobs`, this measures what changing that would buy);
+//     akadze keeps finished jobs in `jobs`, this measures what changing that would buy);
 //   - "delete": deleted (`retention: 0`, what graphile-worker does with a finished job).
 // Reports the drain rate and the CPU per 1,000 jobs of the worker (this process) and of the
 // whole server. Writes <out>.json and <out>.md.
@@ -133,7 +133,7 @@ const md = [
   `Command: \`deno run --allow-all bench/storage.ts --n ${N} --rounds ${ROUNDS}\`. ` +
   `Interleaved drains of ${fmt(N)} no-op jobs, one Worker (slots 500, prepare: true, JIT off), ` +
   `durable throwaway PostgreSQL; medians (min–max) of ${ROUNDS} rounds. "history" is not ` +
-  "what akadze does (SPEC §4 keeps finished jobs in `jobs`); it measures what moving them " +
+  "what akadze does (akadze keeps finished jobs in `jobs`); it measures what moving them " +
   "to a table of their own would buy.",
   "",
   "| succeeded job's row | drain jobs/s | × update | worker CPU ms / 1,000 jobs | PostgreSQL CPU ms / 1,000 jobs |",

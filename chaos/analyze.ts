@@ -7,7 +7,7 @@ import { COMPLETE_TX_KINDS, type Kind, TASKS } from "./tasks.ts";
 /** A fault the harness injected. Times are epoch ms. */
 export interface Fault {
   at: number;
-  kind: "kill" | "stop" | "cont" | "terminate" | "restart" | "halt";
+  kind: "kill" | "stop" | "cont" | "terminate" | "restart" | "halt" | "failover" | "migrate";
   /** The worker hit (kill, stop, cont, terminate). */
   idx?: number;
   pid?: number;
@@ -22,7 +22,7 @@ export type FlowExpect = "succeed" | "fail" | "cancel";
 
 /** A window during which the database refused or dropped connections. */
 export interface Outage {
-  kind: "restart" | "halt";
+  kind: "restart" | "halt" | "failover";
   from: number;
   to: number;
 }
@@ -66,6 +66,8 @@ export interface DbState {
     error: string | null;
     message: string | null;
     limit_running: number | null;
+    /** The job's run_at after the change (absent in hand-made test data). */
+    run_at?: Date | null;
     at: Date;
   }[];
   starts: { job_id: string; run_count: number; nonce: string; pid: number; at: Date }[];
@@ -114,6 +116,12 @@ export interface RunData {
   /** Error messages the harness itself caught (also scanned for secrets). */
   harnessMessages: string[];
   rssLimitMb: number;
+  /** The failover phase ran: its fault must be in the log. */
+  failover: boolean;
+  /** The migrate phase, when it ran: the version the run started at and what migrate did. */
+  migration?: { from: string; at: number | null; to: number | null; error: string | null };
+  /** The bound on the longest stall (no job finishing while work was ready), ms. */
+  stallBound: number;
   db: DbState;
 }
 
@@ -440,17 +448,18 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
   const faultText = `${count("kill")} SIGKILL, ${count("stop")} SIGSTOP/SIGCONT, ` +
     `${count("terminate")} pg_terminate_backend rounds ` +
     `(${sum(run.faults.filter((f) => f.kind === "terminate").map((f) => f.count ?? 0))} ` +
-    `connections), ${count("restart")} restart, ${count("halt")} halt ` +
+    `connections), ${count("restart")} restart, ${count("halt")} halt` +
+    (run.failover ? `, ${count("failover")} failover ` : " ") +
     `(${run.outages.map((o) => `${o.kind} ${s(o.to - o.from, 2)}`).join(", ")})`;
   add(
     count("kill") > 0 && count("stop") > 0 && count("terminate") > 0 && count("restart") === 1 &&
-      count("halt") === 1,
+      count("halt") === 1 && count("failover") === (run.failover ? 1 : 0),
     "every kind of fault was injected",
     faultText,
   );
 
   // 14 and 15. Worker exits. A worker frozen (SIGSTOP), or cut off from the database, for
-  // longer than its TTL has lost its lease: SPEC §5.10 says it stops with exit 1.
+  // longer than its TTL has lost its lease: it stops with exit 1 by rule.
   const frozen = run.workers.filter((w) => leaseLost(run, w) === "stop");
   const cutOff = run.workers.filter((w) => leaseLost(run, w) === "outage");
   const unexpected = run.workers.filter((w) =>
@@ -463,7 +472,7 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
     "no worker exited unexpectedly",
     `${run.workers.length} worker processes: ${killed.length} SIGKILLed by the harness, ` +
       `${frozen.length} exited 1 on waking from a SIGSTOP longer than the TTL and ` +
-      `${cutOff.length} after a database outage longer than the TTL (lease lost, SPEC §5.10), ` +
+      `${cutOff.length} after a database outage longer than the TTL (lease lost), ` +
       `${run.workers.filter((w) => w.endedBy === "final").length} stopped at the end, ` +
       `${unexpected.length} unexpected exits`,
     await Promise.all(
@@ -527,7 +536,93 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
       `(${run.chaos.terminalAtEnd} jobs; offered ${run.offeredRate.toFixed(1)}/s; ` +
       `pass at ≥ 50 % of the offered rate)`,
   );
+
+  // 24. The longest stall: no job finished while work was ready.
+  const stall = longestStall(db, run.chaos.from, run.drainedAt);
+  const during = (from: number, to: number) => [
+    ...run.outages.filter((o) => o.from < to && o.to > from).map((o) => o.kind),
+    ...run.faults.filter((f) => f.kind === "migrate" && f.at < to && f.at > from - 5_000)
+      .map(() => "migrate"),
+  ];
+  add(
+    stall.ms <= run.stallBound,
+    "longest stall within bound",
+    `longest time with work ready and no job finishing ${s(stall.ms, 2)}` +
+      (stall.ms > 0
+        ? ` (from +${s(stall.from - run.chaos.from)}` +
+          `${during(stall.from, stall.from + stall.ms).map((k) => `, over the ${k}`).join("")})`
+        : "") +
+      `; bound ${s(run.stallBound)}`,
+  );
+
+  // 25. The migration under load.
+  if (run.migration) {
+    const m = run.migration;
+    add(
+      m.error === null && m.at !== null && m.to !== null,
+      "akadze migrate under load succeeded",
+      m.error !== null
+        ? `akadze migrate from ${m.from} failed: ${m.error}`
+        : m.at === null || m.to === null
+        ? `akadze migrate from ${m.from} did not run within the window`
+        : `from ${m.from} to the current schema at +${s(m.at - run.chaos.from)}, ` +
+          `in ${s(m.to - m.at, 2)}, while the workers and the producers ran`,
+    );
+  }
   return verdicts;
+}
+
+/**
+ * The longest time during which some job was ready (queued and due) and no job reached a
+ * terminal state, between `from` and `to` (epoch ms), from the jobs and their transitions.
+ */
+export function longestStall(
+  db: Pick<DbState, "jobs" | "transitions">,
+  from: number,
+  to: number,
+): { ms: number; from: number } {
+  const byJob = new Map<string, DbState["transitions"]>();
+  for (const t of db.transitions) byJob.set(t.job_id, [...(byJob.get(t.job_id) ?? []), t]);
+  // Each job's ready intervals: from the time it became queued (or its run_at, if later)
+  // to its next change of state.
+  const ready: [number, number][] = [];
+  const finishes: number[] = [];
+  for (const job of db.jobs) {
+    const ts = byJob.get(job.id) ?? [];
+    let state = ts.length > 0 ? ts[0].old_state : job.state;
+    let since = ms(job.created_at);
+    for (const t of ts) {
+      const at = ms(t.at);
+      if (state === "queued" && t.old_state === "queued" && at > since) ready.push([since, at]);
+      if (TERMINAL.has(t.new_state) && !TERMINAL.has(t.old_state)) finishes.push(at);
+      state = t.new_state;
+      since = Math.max(at, t.run_at ? ms(t.run_at) : at);
+    }
+    if (state === "queued" && job.seen_at_drain) ready.push([since, to]);
+  }
+  // The union of the ready intervals within [from, to].
+  ready.sort((a, b) => a[0] - b[0]);
+  const merged: [number, number][] = [];
+  for (const [a0, b0] of ready) {
+    const a = Math.max(a0, from), b = Math.min(b0, to);
+    if (a >= b) continue;
+    const last = merged[merged.length - 1];
+    if (last && a <= last[1]) last[1] = Math.max(last[1], b);
+    else merged.push([a, b]);
+  }
+  finishes.sort((a, b) => a - b);
+  let best = { ms: 0, from };
+  let i = 0;
+  for (const [a, b] of merged) {
+    while (i < finishes.length && finishes[i] <= a) i++;
+    let start = a;
+    for (; i < finishes.length && finishes[i] < b; i++) {
+      if (finishes[i] - start > best.ms) best = { ms: finishes[i] - start, from: start };
+      start = finishes[i];
+    }
+    if (b - start > best.ms) best = { ms: b - start, from: start };
+  }
+  return best;
 }
 
 interface Explanation {
@@ -595,7 +690,7 @@ function explain(
     const stopped = faultsOf("stop").some((f) => f.at <= endAt && f.at >= claimAt - LOOKBACK_MS);
     if (stopped) return { reason: "error after SIGSTOP" };
     // A pooled connection killed while idle reports it on its next query, which can come
-    // much later (SPEC §2: "the first query after a server restart may fail with 57P01").
+    // much later ("the first query after a server restart may fail with 57P01").
     const since = worker?.startedAt ?? 0;
     const killedEarlier = CONNECTION_LOST.test(`${end.error} ${end.message ?? ""}`) && (
       faultsOf("terminate").some((f) => f.at >= since && f.at <= endAt) ||
@@ -624,7 +719,7 @@ function explain(
 }
 
 /**
- * Why a worker that exited 1 had lost its lease (the rule of SPEC §5.10: no heartbeat for
+ * Why a worker that exited 1 had lost its lease (the rule: no heartbeat for
  * heartbeatTtl → stop, exit 1), or null: it woke from a SIGSTOP that outlasted its TTL,
  * or the database was unreachable for longer than that. Either way the exit follows
  * within the few seconds a stopping worker takes to give its jobs back.
@@ -820,7 +915,7 @@ async function scanLogs(run: RunData) {
           if (typeof event === "string") events[event] = (events[event] ?? 0) + 1;
         } catch {
           // A SIGKILL may cut the last line short; a worker run that ends with code 1 gets
-          // the CLI's one-line summary (SPEC §7), even if the process is killed before it
+          // the CLI's one-line summary, even if the process is killed before it
           // exits. Deno's own "error: Uncaught …" is not one.
           if (/^error: (?!Uncaught)/.test(line) && summaries++ === 0) return;
           if (!(killed && i === all.length - 1)) {

@@ -57,6 +57,11 @@ export class Fleet {
     this.#options = options;
   }
 
+  /** Start the processes spawned from now on from the code at `root` (a new release). */
+  useRoot(root: string): void {
+    this.#options = { ...this.#options, root };
+  }
+
   /** Processes that have not exited. */
   live(): WorkerProcess[] {
     return this.all.filter((w) => w.exitedAt === null);

@@ -13,8 +13,10 @@ import { parseArgs } from "node:util";
 import postgres from "postgres";
 import { Akadze, DuplicateJob, type FlowStep } from "../mod.ts";
 import { migrate, setLimit } from "../admin.ts";
+import { applyMigrations, MIGRATIONS } from "../src/migrate.ts";
 import { describeError, isTransientError, redact } from "../src/db.ts";
 import { startThrowawayPostgres, type ThrowawayPostgres } from "../src/testing.ts";
+import { crash, startSyncPair, type SyncPair, waitSync } from "../tests/_failover.ts";
 import {
   analyze,
   type DbState,
@@ -28,6 +30,7 @@ import { Fleet, type WorkerProcess } from "./fleet.ts";
 import { CHAOS_SCHEMA, type Kind, register, TASKS, TICK_EVERY } from "./tasks.ts";
 
 const HELP = `Usage: deno task chaos [--jobs N] [--workers K] [--minutes M] [--seed S]
+                       [--failover] [--migrate-from VERSION]
 
 The chaos soak: N mixed jobs, K akadze worker processes, M minutes of seeded faults
 (SIGKILL, SIGSTOP/SIGCONT, pg_terminate_backend, a PostgreSQL restart, refused
@@ -42,46 +45,16 @@ Options:
   --prepare       workers and producers use prepared statements (prepare: true)
   --logs DIR      write the workers' logs there (default: a temporary directory)
   --keep-logs     keep the logs when every assertion passed (they are kept otherwise)
+  --failover      the failover phase: a primary and a synchronous standby, everyone on a
+                  multi-host URL; at 50 % of the window the primary is stopped hard
+                  (pg_ctl stop -m immediate) and the standby promoted; heartbeat TTL 6 s
+  --migrate-from VERSION
+                  the migrate phase: the schema starts at VERSION (e.g. 0014_flow_speed)
+                  and the release that shipped it runs the workers and producers; at 25 % of
+                  the window \`akadze migrate\` brings it to the current schema under load
   -h, --help      show this help
 
 Short profile (CI, about two minutes): --jobs 600 --workers 3 --minutes 1.5 --seed 1`;
-
-// Worker timings: short, so that rescues happen within the run.
-const HEARTBEAT_INTERVAL = 500;
-const HEARTBEAT_TTL = 3_000;
-/**
- * The workers' pool connect timeout, scaled with the TTL as production's defaults are
- * (10 s against 30 s): a query postgres.js routes to a connection killed under it can wait
- * that long (docs/worker.md), and a wait longer than the TTL loses the lease.
- */
-const CONNECT_TIMEOUT = HEARTBEAT_TTL / 3;
-const POLL_INTERVAL = 250;
-const SHUTDOWN_TIMEOUT = 10_000;
-/** Allowed on top of heartbeatTtl + heartbeatInterval for the slowest rescue. */
-const RESCUE_SLACK = 1_000;
-/** Added to that bound per database outage a rescue had to wait through. */
-const RECONNECT_ALLOWANCE = 1_000;
-// The fault schedule (ms).
-const KILL_EVERY: [number, number] = [5_000, 15_000];
-const STOP_EVERY: [number, number] = [15_000, 30_000];
-const STOP_FOR: [number, number] = [HEARTBEAT_TTL + 1_000, HEARTBEAT_TTL + 2_500];
-const TERMINATE_EVERY: [number, number] = [3_000, 10_000];
-/** Fractions of the window at which PostgreSQL restarts, then refuses connections. */
-const RESTART_AT = 0.35;
-const HALT_AT = 0.7;
-/** How long connections are refused (after the server is down, before it starts again). */
-const HALT_FOR = 1_500;
-/** Producers spread the jobs over this fraction of the window. */
-const ENQUEUE_SHARE = 0.8;
-const PRODUCERS = 3;
-/** maxRunning of the limit keys. */
-const LIMITS: Record<string, number> = { "lk-a": 1, "lk-b": 2, "lk-c": 3 };
-const UNIQUE_KEYS = 20;
-const DRAIN_TIMEOUT = 180_000;
-const FINAL_STOP_TIMEOUT = 30_000;
-const RSS_LIMIT_MB = 512;
-const SAMPLE_EVERY = 50;
-const PROGRESS_EVERY = 30_000;
 
 // ---------------------------------------------------------------------------------------
 // Options
@@ -97,6 +70,8 @@ const { values: flags } = parseArgs({
     prepare: { type: "boolean" },
     logs: { type: "string" },
     "keep-logs": { type: "boolean" },
+    failover: { type: "boolean" },
+    "migrate-from": { type: "string" },
     help: { type: "boolean", short: "h" },
   },
   strict: true,
@@ -121,7 +96,84 @@ const SLOTS = Math.floor(numberFlag("slots", flags.slots, 6, 1));
 const PREPARE = flags.prepare ?? false;
 const SEED = Math.floor(numberFlag("seed", flags.seed, 1 + Math.floor(Math.random() * 2 ** 31), 0));
 const WINDOW = MINUTES * 60_000;
+/**
+ * The failover phase, with --failover. Not on by default in the long profile yet: its first
+ * long run found a pooled connection that stayed on the hot standby with
+ * target_session_attrs=primary (docs/reliability.md, defect 59), which fails assertion 7.
+ */
+const FAILOVER = flags.failover ?? false;
+/** The migrate phase: the schema version the run starts at (--migrate-from), if any. */
+const MIGRATE_FROM = flags["migrate-from"];
+const FROM_INDEX = MIGRATIONS.findIndex((m) => m.version === MIGRATE_FROM);
+if (MIGRATE_FROM !== undefined && (FROM_INDEX < 0 || FROM_INDEX === MIGRATIONS.length - 1)) {
+  console.error(
+    `error: --migrate-from must be an earlier schema version, one of ${
+      MIGRATIONS.slice(0, -1).map((m) => m.version).join(", ")
+    }; got "${MIGRATE_FROM}"`,
+  );
+  Deno.exit(2);
+}
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+
+// Worker timings: short, so that rescues happen within the run.
+const HEARTBEAT_INTERVAL = 500;
+/**
+ * The heartbeat TTL: 3 s, and 6 s with the failover phase. On its multi-host URL a new
+ * connection may try the standby first (turned down: not a primary) and, after a round of
+ * hosts failed, wait out akadze's pause between rounds (up to 1 s) before it connects: with
+ * TTL 3 s, a worker lost its lease on reconnecting to a live primary (connect timeout 1 s: 6 s
+ * after the last outage; 2 s: after its connections were terminated, load average 14).
+ */
+const HEARTBEAT_TTL = FAILOVER ? 6_000 : 3_000;
+/**
+ * The workers' pool connect timeout, scaled with the TTL as production's defaults are
+ * (10 s against 30 s): a query postgres.js routes to a connection killed under it can wait
+ * that long (docs/worker.md), and a wait longer than the TTL loses the lease.
+ */
+const CONNECT_TIMEOUT = HEARTBEAT_TTL / 3;
+const POLL_INTERVAL = 250;
+const SHUTDOWN_TIMEOUT = 10_000;
+/** Allowed on top of heartbeatTtl + heartbeatInterval for the slowest rescue. */
+const RESCUE_SLACK = 1_000;
+/** Added to that bound per database outage a rescue had to wait through. */
+const RECONNECT_ALLOWANCE = 1_000;
+// The fault schedule (ms).
+const KILL_EVERY: [number, number] = [5_000, 15_000];
+const STOP_EVERY: [number, number] = [15_000, 30_000];
+const STOP_FOR: [number, number] = [HEARTBEAT_TTL + 1_000, HEARTBEAT_TTL + 2_500];
+const TERMINATE_EVERY: [number, number] = [3_000, 10_000];
+/** Fractions of the window at which PostgreSQL restarts, then refuses connections. */
+const RESTART_AT = 0.35;
+const HALT_AT = 0.7;
+/** The migrate phase: `akadze migrate` runs at this fraction of the window. */
+const MIGRATE_AT = 0.25;
+/** The failover phase: the primary is stopped hard at this fraction of the window. */
+const FAILOVER_AT = 0.5;
+/**
+ * How long after the crash the standby is promoted: the time a failover manager takes to
+ * decide. Meanwhile no host is a primary: connections wait for one (target_session_attrs).
+ */
+const PROMOTE_AFTER = 1_000;
+/** How long connections are refused (after the server is down, before it starts again). */
+const HALT_FOR = 1_500;
+/** Producers spread the jobs over this fraction of the window. */
+const ENQUEUE_SHARE = 0.8;
+const PRODUCERS = 3;
+/** maxRunning of the limit keys. */
+const LIMITS: Record<string, number> = { "lk-a": 1, "lk-b": 2, "lk-c": 3 };
+const UNIQUE_KEYS = 20;
+/**
+ * The longest time with work ready and no job finishing (assertion 24). An outage (the halt,
+ * the failover: crash, PROMOTE_AFTER, promotion) and the reconnect after it make up most of
+ * it: measured 0.99 s to 3.10 s in short and long runs (docs/reliability.md); the bound leaves
+ * room for a machine at a load average of 18, while any real hang of the queue outlasts it.
+ */
+const STALL_BOUND = 15_000;
+const DRAIN_TIMEOUT = 180_000;
+const FINAL_STOP_TIMEOUT = 30_000;
+const RSS_LIMIT_MB = 512;
+const SAMPLE_EVERY = 50;
+const PROGRESS_EVERY = 30_000;
 
 // ---------------------------------------------------------------------------------------
 // Seeded randomness (mulberry32), one stream per purpose so each schedule stands alone.
@@ -317,10 +369,57 @@ async function snapshotCode(root: string, into: string): Promise<[string, string
   return [dir, head ? `git ${head} + ${changed} uncommitted changes` : "not a git checkout"];
 }
 
+/**
+ * The release that ran on the schema at MIGRATE_FROM: the newest commit of the branch's
+ * first-parent history whose migrations/ holds exactly the versions up to it, unpacked
+ * with this run's chaos/ (its tasks and tables) the way snapshotCode lays the code out.
+ * Its workers and producers run until `akadze migrate` has run.
+ */
+async function releaseCode(root: string, code: string, into: string): Promise<[string, string]> {
+  const git = async (...args: string[]) => {
+    const out = await new Deno.Command("git", { args, cwd: root, stdout: "piped", stderr: "piped" })
+      .output();
+    if (!out.success) {
+      throw new Error(`git ${args[0]}: ${new TextDecoder().decode(out.stderr).trim()}`);
+    }
+    return new TextDecoder().decode(out.stdout).trim();
+  };
+  const want = MIGRATIONS.slice(0, FROM_INDEX + 1).map((m) => `migrations/${m.version}.sql`);
+  let commit: string | undefined;
+  for (const c of (await git("log", "--first-parent", "--format=%h", "HEAD")).split("\n")) {
+    const files = (await git("ls-tree", "--name-only", c, "migrations/")).split("\n")
+      .filter((f) => f.endsWith(".sql")).sort();
+    if (files.join("\n") === want.join("\n")) {
+      commit = c;
+      break;
+    }
+  }
+  if (!commit) {
+    throw new Error(
+      `no commit of this branch's history ships exactly the migrations up to ${MIGRATE_FROM} ` +
+        "(a later version landed before it): choose another --migrate-from",
+    );
+  }
+  const dir = `${into}/release-code`;
+  await Deno.mkdir(dir, { recursive: true });
+  const paths = ["cli.ts", "mod.ts", "admin.ts", "deno.json", "deno.lock", "src", "migrations"];
+  const unpack = await new Deno.Command("bash", {
+    args: ["-c", `git archive "$1" -- "\${@:2}" | tar -x -C "${dir}"`, "bash", commit, ...paths],
+    cwd: root,
+    stderr: "piped",
+  }).output();
+  if (!unpack.success) {
+    throw new Error(`git archive ${commit}: ${new TextDecoder().decode(unpack.stderr).trim()}`);
+  }
+  const copy = await new Deno.Command("cp", { args: ["-r", `${code}/chaos`, dir] }).output();
+  if (!copy.success) throw new Error("could not copy chaos/ into the release's code");
+  await Deno.symlink(`${root}/node_modules`, `${dir}/node_modules`).catch(() => {});
+  return [dir, `git ${commit} (schema ${MIGRATE_FROM})`];
+}
+
+/** `url` with an application_name (the URL may be multi-host, which URL cannot parse). */
 function withAppName(url: string, name: string): string {
-  const u = new URL(url);
-  u.searchParams.set("application_name", name);
-  return u.toString();
+  return `${url}${url.includes("?") ? "&" : "?"}application_name=${name}`;
 }
 
 /** Retry a harness query through outages (the harness is not under test). */
@@ -393,44 +492,92 @@ console.log(
   `akadze chaos: seed ${SEED}, ${JOBS} jobs, ${WORKERS} workers × ${SLOTS} slots per queue, ` +
     `${MINUTES} min of faults; heartbeat ${secs(HEARTBEAT_INTERVAL)}, ` +
     `TTL ${secs(HEARTBEAT_TTL)}, connect timeout ${secs(CONNECT_TIMEOUT)}` +
-    (PREPARE ? "; prepared statements" : ""),
+    (PREPARE ? "; prepared statements" : "") + (FAILOVER ? "; failover phase" : "") +
+    (MIGRATE_FROM ? `; migrate phase from ${MIGRATE_FROM}` : ""),
 );
 console.log(
   `rerun: deno task chaos --jobs ${JOBS} --workers ${WORKERS} --minutes ${MINUTES} ` +
-    `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}${PREPARE ? " --prepare" : ""}`,
+    `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}${PREPARE ? " --prepare" : ""}` +
+    (FAILOVER ? " --failover" : "") +
+    (MIGRATE_FROM ? ` --migrate-from ${MIGRATE_FROM}` : ""),
 );
 
 let pg: ThrowawayPostgres | undefined;
+let pair: SyncPair | undefined;
 let fleet: Fleet | undefined;
 let app: Akadze | undefined;
+/** With the migrate phase: the producers' app of the release the run starts at. */
+let releaseApp: Akadze | undefined;
 let sampler: postgres.Sql | undefined;
 let exitCode = 1;
+let migration:
+  | { from: string; at: number | null; to: number | null; error: string | null }
+  | undefined;
 
 Deno.addSignalListener("SIGINT", async () => {
   console.log("interrupted: stopping the workers and the server");
   await fleet?.killAll();
-  await pg?.stop();
+  await (pair ?? pg)?.stop();
   Deno.exit(130);
 });
 
 try {
   // --- The server, with a password in the URL.
-  pg = await startThrowawayPostgres({ settings: { max_connections: 400 } });
+  // With the failover phase: a primary and a synchronous standby, and everyone but the
+  // set-up on a multi-host URL that finds the primary, as docs/production.md advises.
+  const settings = { max_connections: 400 };
+  if (FAILOVER) {
+    pair = await startSyncPair({ settings, databases: ["chaos"] });
+    pg = pair.primary;
+  } else {
+    pg = await startThrowawayPostgres({ settings });
+  }
   const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
-  await admin.unsafe("create database chaos");
+  if (!pair) await admin.unsafe("create database chaos");
   await admin.unsafe(`alter user postgres password '${password}'`);
   await admin.end({ timeout: 1 });
-  const url = `postgres://postgres:${password}@127.0.0.1:${pg.port}/chaos`;
+  const direct = `postgres://postgres:${password}@127.0.0.1:${pg.port}/chaos`;
+  const url = pair
+    ? `postgres://postgres:${password}@127.0.0.1:${pair.primary.port},` +
+      `127.0.0.1:${pair.standby.port}/chaos?target_session_attrs=primary`
+    : direct;
   console.log(
-    `server: PostgreSQL ${pg.version} (${pg.engine} binaries), ${redact(url)}; logs in ${logDir}`,
+    `server: PostgreSQL ${pg.version} (${pg.engine} binaries), ${redact(url)}` +
+      `${pair ? " (primary, synchronous standby)" : ""}; logs in ${logDir}`,
   );
-  await migrate(url);
-  const setup = postgres(url, { max: 1, onnotice: () => {} });
+  if (MIGRATE_FROM) await applyMigrations(direct, MIGRATIONS.slice(0, FROM_INDEX + 1));
+  else await migrate(direct);
+  const setup = postgres(direct, { max: 1, onnotice: () => {} });
   await setup.unsafe(CHAOS_SCHEMA);
   await setup.end({ timeout: 1 });
 
-  app = new Akadze({ databaseUrl: withAppName(url, "chaos_harness"), max: 8, prepare: PREPARE });
-  app.include({ register });
+  // --- The code under test, snapshotted; with the migrate phase also the release whose
+  // schema the run starts at, whose workers and producers run until the migration.
+  const [code, described] = await snapshotCode(ROOT, logDir);
+  console.log(`code: ${described}, copied to ${code}`);
+  const [release, releaseDescribed] = MIGRATE_FROM
+    ? await releaseCode(ROOT, code, logDir)
+    : [code, ""];
+  if (MIGRATE_FROM) {
+    console.log(
+      `migrate phase: schema at ${MIGRATE_FROM}; until akadze migrate runs at ` +
+        `${MIGRATE_AT * 100} % of the window, workers and producers run ${releaseDescribed}`,
+    );
+  }
+  const Release = MIGRATE_FROM
+    ? await import(`${release}/mod.ts`) as typeof import("../mod.ts")
+    : undefined;
+  const harnessApp = (Class: typeof Akadze) => {
+    const made = new Class({
+      databaseUrl: withAppName(url, "chaos_harness"),
+      max: 8,
+      prepare: PREPARE,
+    });
+    made.include({ register });
+    return made;
+  };
+  app = harnessApp(Release?.Akadze ?? Akadze);
+  releaseApp = Release ? app : undefined;
   for (const [key, maxRunning] of Object.entries(LIMITS)) {
     await setLimit(app.sql, key, { maxRunning });
   }
@@ -458,11 +605,9 @@ try {
       }; ${UNIQUE_KEYS} unique keys`,
   );
 
-  // --- The workers, on a snapshot of the code.
-  const [code, described] = await snapshotCode(ROOT, logDir);
-  console.log(`code: ${described}, copied to ${code}`);
+  // --- The workers.
   const activeFleet = fleet = new Fleet({
-    root: code,
+    root: release,
     url,
     workerArgs: [
       "--queue",
@@ -507,7 +652,7 @@ try {
     },
   });
   for (let i = 0; i < WORKERS; i++) fleet.spawn();
-  const appSql = app.sql;
+  let appSql = app.sql;
   await retrying("the workers to register", async () => {
     const [{ n }] = await appSql`select count(*)::int as n from akadze.workers`;
     if (n < WORKERS) throw new Error(`${n} of ${WORKERS} workers registered`);
@@ -532,7 +677,10 @@ try {
                 id = await task.using({ session: tx, uniqueKey: key }).enqueue(batch.args[0]);
                 uniqueKey = key;
               } catch (error) {
-                if (!(error instanceof DuplicateJob)) throw error;
+                // (The release's producers throw the release's DuplicateJob.)
+                if (!(error instanceof DuplicateJob || (error as Error)?.name === "DuplicateJob")) {
+                  throw error;
+                }
                 // The refusal left the transaction usable: record it in it.
                 await tx`insert into chaos.duplicates (seq, unique_key)
                          values (${batch.seqs[0]}, ${key})`;
@@ -765,15 +913,36 @@ try {
       }
     }
   };
-  const serverLoop = async (server: ThrowawayPostgres) => {
+  const serverLoop = async (primary: ThrowawayPostgres) => {
+    let server = primary;
+    await migrated;
     if (!await pause(t0 + RESTART_AT * WINDOW - Date.now())) return;
     dbDown = true;
     let from = Date.now();
     await server.restart();
+    // Commits wait for the synchronous standby: the outage lasts until it streams again.
+    if (pair) await waitSync(server);
     let to = Date.now();
     dbDown = false;
     outages.push({ kind: "restart", from, to });
     logFault({ at: from, kind: "restart", detail: `fast restart, down ${secs(to - from, 2)}` });
+    if (pair) {
+      if (!await pause(t0 + FAILOVER_AT * WINDOW - Date.now())) return;
+      dbDown = true;
+      from = Date.now();
+      await crash(pair.primary);
+      await sleep(PROMOTE_AFTER);
+      await pair.standby.promote();
+      server = pair.standby;
+      to = Date.now();
+      dbDown = false;
+      outages.push({ kind: "failover", from, to });
+      logFault({
+        at: from,
+        kind: "failover",
+        detail: `primary stopped hard (immediate), standby promoted ${secs(to - from, 2)} later`,
+      });
+    }
     if (!await pause(t0 + HALT_AT * WINDOW - Date.now())) return;
     dbDown = true;
     from = Date.now();
@@ -785,6 +954,47 @@ try {
     outages.push({ kind: "halt", from, to });
     logFault({ at: from, kind: "halt", detail: `connections refused for ${secs(to - from, 2)}` });
   };
+  // The migrate phase: `akadze migrate` (this run's CLI) while the release's workers and
+  // producers run; then producers and new workers run this run's code. The server faults
+  // wait for it (an outage would fail the migration, which is not what this phase tests).
+  const migrateLoop = async () => {
+    if (!MIGRATE_FROM || !await pause(t0 + MIGRATE_AT * WINDOW - Date.now())) return;
+    const at = Date.now();
+    const done = migration = {
+      from: MIGRATE_FROM,
+      at,
+      to: null as number | null,
+      error: null as string | null,
+    };
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "--allow-all", `${code}/cli.ts`, "migrate"],
+      cwd: code,
+      env: { AKADZE_DATABASE_URL: url, NO_COLOR: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+    const lines = text.trim().split("\n").filter(Boolean);
+    harnessMessages.push(...lines);
+    if (!out.success) {
+      done.error = `exit ${out.code}: ${lines.slice(-3).join(" | ")}`;
+      logFault({ at, kind: "migrate", detail: `FAILED: ${done.error}` });
+      return;
+    }
+    done.to = Date.now();
+    logFault({
+      at,
+      kind: "migrate",
+      detail: `akadze migrate from ${MIGRATE_FROM} in ${secs(done.to - at, 2)}: ` +
+        `${lines.length} lines, "${
+          lines.at(-1) ?? ""
+        }"; new workers and producers run ${described}`,
+    });
+    activeFleet.useRoot(code);
+    app = harnessApp(Akadze);
+    appSql = app.sql;
+  };
+  const migrated = migrateLoop();
   const progressLoop = async () => {
     while (await pause(PROGRESS_EVERY)) {
       try {
@@ -807,6 +1017,7 @@ try {
     stopLoop(),
     terminateLoop(),
     serverLoop(pg),
+    migrated,
     progressLoop(),
   ]);
 
@@ -856,7 +1067,7 @@ try {
   );
 
   // --- Stop every worker gracefully. A worker resumed from a stop longer than its TTL exits 1
-  // by design (SPEC §5.10) about a second after its SIGCONT: when that SIGCONT came at the
+  // by design about a second after its SIGCONT: when that SIGCONT came at the
   // very end of the window, let it exit and its replacement start before the SIGTERMs.
   const waking = activeFleet.live().filter((w) => resumed.has(w));
   if (waking.length > 0) {
@@ -925,6 +1136,9 @@ try {
     }],
     harnessMessages,
     rssLimitMb: RSS_LIMIT_MB,
+    failover: FAILOVER,
+    ...(migration ? { migration } : {}),
+    stallBound: STALL_BOUND,
     db: db.state,
   };
   const verdicts = await analyze(run);
@@ -955,7 +1169,8 @@ try {
   await fleet?.killAll();
   await sampler?.end({ timeout: 1 }).catch(() => {});
   await app?.close().catch(() => {});
-  await pg?.stop();
+  await releaseApp?.close().catch(() => {});
+  await (pair ?? pg)?.stop();
 }
 Deno.exit(exitCode);
 
@@ -974,7 +1189,8 @@ async function readDb(
     select seq, kind, job_id::text as job_id, limit_key from chaos.expected order by seq`;
   const transitions = await sql`
     select job_id::text as job_id, old_state, new_state, old_run_count, new_run_count,
-           old_attempt, new_attempt, old_worker, new_worker, error, message, limit_running, at
+           old_attempt, new_attempt, old_worker, new_worker, error, message, limit_running,
+           run_at, at
       from chaos.transitions order by id`;
   const starts = await sql`
     select job_id::text as job_id, run_count, nonce::text as nonce, pid, at

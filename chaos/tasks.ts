@@ -97,6 +97,8 @@ create table chaos.transitions (
   -- For claims of a job with a limit key: how many jobs of that key run now, this one
   -- included (the claim holds the key's limits row lock, so this is exact).
   limit_running int,
+  -- When the job may run (for the soak's longest stall: ready is queued and due).
+  run_at timestamptz,
   at timestamptz not null default clock_timestamp());
 create function chaos.log_transition() returns trigger language plpgsql volatile as $$
 declare
@@ -107,12 +109,12 @@ begin
       err := new.errors -> -1;
     end if;
     insert into chaos.transitions (job_id, old_state, new_state, old_run_count, new_run_count,
-        old_attempt, new_attempt, old_worker, new_worker, error, message, limit_running)
+        old_attempt, new_attempt, old_worker, new_worker, error, message, limit_running, run_at)
     values (new.id, old.state, new.state, old.run_count, new.run_count, old.attempt,
         new.attempt, old.worker_id, new.worker_id, err ->> 'error', err ->> 'message',
         case when new.state = 'running' and new.limit_key is not null then
           (select count(*) from akadze.jobs j
-            where j.state = 'running' and j.limit_key = new.limit_key) end);
+            where j.state = 'running' and j.limit_key = new.limit_key) end, new.run_at);
   end if;
   return null;
 end $$;
@@ -190,7 +192,7 @@ export function register(app: Akadze): void {
     await sleep(ms(args.ms), ctx.signal);
     return { nonce, runCount: ctx.job.runCount };
   });
-  // A schedule: each fire must be enqueued once across all workers (SPEC §5.12).
+  // A schedule: each fire must be enqueued once across all workers.
   app.periodic(TASKS.tick, { ...attempts, every: TICK_EVERY }, async (_args, ctx) => {
     const nonce = await start(ctx);
     return { nonce, runCount: ctx.job.runCount };

@@ -9,7 +9,7 @@ export const SLOW = 60_000;
 export const ROOT = new URL("..", import.meta.url).pathname;
 export const CLI = new URL("../cli.ts", import.meta.url).pathname;
 export const MOD = new URL("../mod.ts", import.meta.url).href;
-/** What a worker needs (SPEC §8). */
+/** What a worker needs. */
 export const WORKER_PERMISSIONS = [
   "--allow-net",
   "--allow-env",

@@ -1,4 +1,4 @@
-// Admin writes in the caller's transaction and consistent reads (SPEC §3, §5.6, §5.11, §5.14).
+// Admin writes in the caller's transaction and consistent reads.
 import {
   cancelJobs,
   clearLimit,

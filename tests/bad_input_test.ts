@@ -1,4 +1,4 @@
-// The bad-input sweep: every EnqueueError of SPEC §5.1, every admin function's input
+// The bad-input sweep: every EnqueueError of an enqueue, every admin function's input
 // errors (unknown ids, wrong states, negative and huge numbers, hostile queue, key and
 // schema names with quotes, SQL and NUL) and the CLI's, each a clear error that writes
 // nothing. "Writes nothing" is checked on a digest of every akadze table, not a count.
@@ -147,9 +147,9 @@ async function seed(app: Akadze, sql: Sql) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Enqueue (SPEC §5.1)
+// Enqueue
 
-Deno.test("every EnqueueError of SPEC §5.1 is a clear error that inserts nothing", async () => {
+Deno.test("every EnqueueError of an enqueue is a clear error that inserts nothing", async () => {
   await withApp("bad_enqueue", async (app, sql) => {
     const t = app.task("t", () => {});
     const typed = app.task("typed", { args: v.object({ n: v.number() }) }, () => {});

@@ -1,7 +1,8 @@
 // The chaos soak's flow assertions (chaos/analyze.ts, judgeFlows) tell a sound run from one
 // where a step started before its dependency ended, stayed waiting, or was cancelled
 // without a failed dependency: each case is a database state as the soak reads it back.
-import { type DbState, judgeFlows } from "../chaos/analyze.ts";
+// So does its longest stall (longestStall): ready work and no job finishing.
+import { type DbState, judgeFlows, longestStall } from "../chaos/analyze.ts";
 import { assertEquals } from "./assert.ts";
 
 const at = (ms: number) => new Date(Date.UTC(2026, 0, 1) + ms);
@@ -123,4 +124,32 @@ Deno.test("the flow assertions catch an early start, a step left waiting, a bad 
     }),
     ["every flow's final state is explained"],
   );
+});
+
+Deno.test("the longest stall counts only time with a job queued and due, and ends at a finish", () => {
+  // Job 1 is queued from 0 and finishes at 1 s; job 2 is queued from 0, runs at 3 s and fails
+  // its first run at 4 s, retried after a run_at 2 s on, and succeeds at 9 s; job 3 is
+  // waiting (not ready) until 6 s, then queued until it succeeds at 7.5 s.
+  const retry = { ...move("2", "running", "queued", 4_000), run_at: at(6_000) };
+  const jobs = [job("1", "succeeded"), job("2", "succeeded"), job("3", "succeeded")];
+  const transitions = [
+    move("1", "queued", "running", 500),
+    move("1", "running", "succeeded", 1_000),
+    move("2", "queued", "running", 3_000),
+    retry,
+    move("2", "queued", "running", 8_000),
+    move("2", "running", "succeeded", 9_000),
+    move("3", "waiting", "queued", 6_000),
+    move("3", "queued", "running", 7_000),
+    move("3", "running", "succeeded", 7_500),
+  ];
+  const from = at(0).getTime();
+  // Ready: [0, 3 s] (jobs 1 and 2), then [6 s, 8 s] (jobs 2 and 3). Finishes at 1, 7.5, 9 s:
+  // the longest stall is 1 s → 3 s, as long as 6 s → 7.5 s is not.
+  assertEquals(longestStall({ jobs, transitions }, from, from + 10_000), {
+    ms: 2_000,
+    from: from + 1_000,
+  });
+  // Nothing ready: no stall, however long nothing finished.
+  assertEquals(longestStall({ jobs: [], transitions: [] }, from, from + 10_000).ms, 0);
 });

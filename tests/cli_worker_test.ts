@@ -6,7 +6,7 @@ import { knownVersions } from "../src/migrate.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
 import { CLI, MOD, ROOT, spawnCli, spawnDeno as spawn, WORKER_PERMISSIONS } from "./_processes.ts";
 
-// Workers run with WORKER_PERMISSIONS (SPEC §8), so the tests prove those suffice.
+// Workers run with WORKER_PERMISSIONS, so the tests prove those suffice.
 const ONE_LINE_ERROR = /^error: [^\n]+\n$/;
 
 const APP_MODULE = `
@@ -298,7 +298,7 @@ app.task("hello", ({ name }) => "hello " + name);
     await withDatabase("cli_worker_no_user", async (db, sql) => {
       const url = new URL(db.url);
       const database = decodeURIComponent(url.pathname.slice(1));
-      // SPEC §8, exactly; the app's code is its directory and this checkout (its akadze).
+      // Exactly those; the app's code is its directory and this checkout (its akadze).
       const permissions = [
         `--allow-net=${url.host}`,
         "--allow-env=AKADZE_*,PG*",

@@ -6,14 +6,10 @@ import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import { connect } from "../src/db.ts";
 import { migrate } from "../src/migrate.ts";
-import {
-  startThrowawayPostgres,
-  startThrowawayStandby,
-  type ThrowawayPostgres,
-  type ThrowawayStandby,
-} from "../src/throwaway_postgres.ts";
+import type { ThrowawayPostgres, ThrowawayStandby } from "../src/throwaway_postgres.ts";
 import type { WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals } from "./assert.ts";
+import { crash, startSyncPair } from "./_failover.ts";
 import { countJobs, startWorker, waitFor, within, withLogs } from "./_helpers.ts";
 
 const JOBS = 300;
@@ -21,47 +17,15 @@ const LATER = 50;
 /** A promotion takes a few seconds on a busy machine: well within the lease. */
 const TIMINGS = { slots: 4, heartbeatInterval: 500, heartbeatTtl: 20_000 };
 
-/** `pg_ctl stop -m immediate` on a throwaway server: a crash, no shutdown checkpoint. */
-async function crash(server: ThrowawayPostgres): Promise<void> {
-  const sql = postgres(server.url, { max: 1, onnotice: () => {} });
-  const [{ data }] = await sql`select current_setting('data_directory') as data`;
-  await sql.end();
-  const bindir = new TextDecoder().decode(
-    (await new Deno.Command("pg_config", { args: ["--bindir"] }).output()).stdout,
-  ).trim();
-  const argv = [`${bindir}/pg_ctl`, "stop", "-m", "immediate", "-D", data];
-  const [cmd, ...args] = Deno.uid() === 0 ? ["runuser", "-u", "postgres", "--", ...argv] : argv;
-  const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
-  assert(out.success, `pg_ctl stop failed: ${new TextDecoder().decode(out.stderr)}`);
-}
-
 /** A primary whose commits wait for a streaming standby, with a database `akadze` on it. */
 async function withPair(
   fn: (primary: ThrowawayPostgres, standby: ThrowawayStandby) => Promise<void>,
 ): Promise<void> {
-  // Commits wait until the standby has applied them (fsync stays off), so what a reader
-  // sees on the standby is what the primary acknowledged.
-  const primary = await startThrowawayPostgres({
-    settings: { synchronous_commit: "remote_apply" },
-  });
-  let standby: ThrowawayStandby | undefined;
+  const pair = await startSyncPair({ databases: ["akadze"] });
   try {
-    standby = await startThrowawayStandby(primary, { settings: { synchronous_commit: "on" } });
-    const admin = postgres(primary.url, { max: 1, onnotice: () => {} });
-    try {
-      await admin`alter system set synchronous_standby_names = '*'`;
-      await admin`select pg_reload_conf()`;
-      await waitFor(async () => {
-        const rows = await admin`select 1 from pg_stat_replication where sync_state = 'sync'`;
-        return rows.length === 1;
-      }, "the standby to replicate synchronously");
-      await admin`create database akadze`;
-    } finally {
-      await admin.end();
-    }
-    await fn(primary, standby);
+    await fn(pair.primary, pair.standby);
   } finally {
-    await Promise.all([primary.stop(), standby?.stop()]);
+    await pair.stop();
   }
 }
 

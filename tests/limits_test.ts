@@ -1,4 +1,4 @@
-// Limits enforced by the claim (SPEC §5.11), raced by several worker processes.
+// Limits enforced by the claim, raced by several worker processes.
 import { setLimit } from "../admin.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { connect, type Sql } from "../src/db.ts";

@@ -1,4 +1,4 @@
-// Periodic schedules (SPEC §5.12): registration, fire computation, dispatch once per fire.
+// Periodic schedules: registration, fire computation, dispatch once per fire.
 import * as v from "valibot";
 import { Akadze } from "../src/app.ts";
 import { AkadzeError } from "../src/errors.ts";

@@ -1,6 +1,6 @@
 // One-shot runs against a database nothing answers for: a batch worker (API and CLI) and
 // the migrate command give up in bounded time with exit 1 and one clear line, where a
-// long-running worker keeps retrying (SPEC §5.10).
+// long-running worker keeps retrying.
 import { assert, assertEquals, assertMatch } from "./assert.ts";
 import { Akadze } from "../src/app.ts";
 import { Worker } from "../src/worker/worker.ts";

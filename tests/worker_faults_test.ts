@@ -1,4 +1,4 @@
-// Fault injection against real processes and a real server (SPEC §5.5, §5.9, §5.10, §6):
+// Fault injection against real processes and a real server:
 // kill -9 of a worker process, pg_terminate_backend of a worker's connections, a server
 // restart, a worker started while the server is down, a lost heartbeat, a claim that
 // returns after the run has ended, the driver's uncaught TypeError, and a schema that was

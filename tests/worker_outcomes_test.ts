@@ -1,4 +1,4 @@
-// The outcome of every way a run can end (SPEC §5.4), written fenced on run_count.
+// The outcome of every way a run can end, written fenced on run_count.
 import * as v from "valibot";
 import { Cancel, Fail, Retry, Snooze } from "../src/errors.ts";
 import { Completer } from "../src/worker/completer.ts";

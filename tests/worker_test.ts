@@ -1,4 +1,4 @@
-// Claiming, running and stopping (SPEC §5.2, §5.3, §5.5-§5.9, §6) against a real server.
+// Claiming, running and stopping against a real server.
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import { current } from "../src/context.ts";

@@ -14,7 +14,7 @@ import { parseFlags, UsageError } from "./common.ts";
 import { type AppTarget, assertAppModuleExists, parseAppTarget } from "./load_app.ts";
 import { positionalArgs } from "./ops.ts";
 
-/** The permissions a worker binary gets: those of `akadze worker` (SPEC §8). */
+/** The permissions a worker binary gets: those of `akadze worker`. */
 export const COMPILED_WORKER_PERMISSIONS: readonly string[] = [
   "--allow-net",
   "--allow-env",

@@ -260,7 +260,7 @@ async function assertMigrated(app: Akadze, secrets: string[]): Promise<void> {
   try {
     pending = await pendingVersions(app.sql, { schema: app.schema });
   } catch (error) {
-    // The worker starts while the database is down and keeps retrying (SPEC §5.10).
+    // The worker starts while the database is down and keeps retrying.
     if (isTransientError(error)) return;
     throw new Error(`cannot use the app's database: ${describeError(error, secrets)}`);
   }

@@ -278,7 +278,7 @@ export class Heartbeat {
           message: `no heartbeat succeeded for ${Math.round((now - last) / 1000)} s`,
         };
       }
-      // A long-running worker waits for a database that is down (SPEC §5.10); a batch run
+      // A long-running worker waits for a database that is down; a batch run
       // (cron, CI) must end, so it gives up after heartbeatTtl without a first beat.
       const waited = now - this.#startedAt;
       if (last === null && this.#config.giveUpUnregistered && waited >= heartbeatTtl) {

@@ -5,7 +5,7 @@
  * claim into the free slots (claimer.ts, slots.ts), then cancel queued jobs with a cancel
  * request or expiry (canceller.ts). Claimed jobs run in the executor (executor.ts); their
  * outcomes go to the batch completer (batch_completer.ts). Log wording: log_events.ts.
- * See SPEC §6 and docs/architecture.md.
+ * See docs/architecture.md.
  *
  * @module
  */
