@@ -119,9 +119,27 @@ BEGIN
   -- The claim of the offered dependents (rows this transaction holds locked since the update
   -- above): claim_one's rule, per queue up to its slots, in claim order.
   RETURN QUERY
-  WITH ready AS (
-    SELECT c.ctid, c.queue, c.priority, c.run_at, c.id, q.n
+  -- Per queue, the first ready job in claim order that this worker could take and that is
+  -- not offered: a dependent is handed only ahead of it (a flow does not jump the queue).
+  -- Materialized, so it is looked up once per queue: looked up per dependent, with hundreds
+  -- offered (a DAG's layer), each lookup walked past the offered ones (quadratic).
+  WITH firsts AS MATERIALIZED (
+    SELECT q.name, q.n, f.priority
       FROM unnest(p_hand_queues, p_hand_slots) AS q(name, n)
+      LEFT JOIN LATERAL (
+        SELECT a.priority FROM {{schema}}.jobs a
+         WHERE a.state = 'queued' AND a.queue = q.name AND a.run_at <= now()
+           AND a.cancel_requested_at IS NULL
+           AND (a.expires_at IS NULL OR a.expires_at > now())
+           AND a.task = ANY (p_hand_tasks)
+           AND a.id <> ALL (v_ids)
+           AND (a.limit_key IS NULL
+                OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = a.limit_key))
+         ORDER BY a.priority DESC, a.run_at, a.id
+         LIMIT 1) AS f ON true),
+  ready AS (
+    SELECT c.ctid, c.queue, c.priority, c.run_at, c.id, q.n
+      FROM firsts q
       JOIN {{schema}}.jobs c ON c.id = ANY (v_ids)
      WHERE c.state = 'queued' AND c.queue = q.name AND c.run_at <= now()
        AND c.cancel_requested_at IS NULL
@@ -130,17 +148,7 @@ BEGIN
        AND (c.limit_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = c.limit_key))
        AND NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses p WHERE p.queue = q.name)
-       -- No other ready job this worker could take from the queue comes first.
-       AND NOT EXISTS (
-         SELECT 1 FROM {{schema}}.jobs a
-          WHERE a.state = 'queued' AND a.queue = q.name AND a.run_at <= now()
-            AND a.cancel_requested_at IS NULL
-            AND (a.expires_at IS NULL OR a.expires_at > now())
-            AND a.task = ANY (p_hand_tasks)
-            AND a.id <> ALL (v_ids)
-            AND (a.limit_key IS NULL
-                 OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = a.limit_key))
-            AND a.priority >= c.priority)
+       AND (q.priority IS NULL OR c.priority > q.priority)
      FOR UPDATE OF c SKIP LOCKED),
   candidates AS (
     SELECT r.ctid FROM (
