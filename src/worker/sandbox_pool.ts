@@ -21,7 +21,7 @@ import {
   type SentError,
   type ThreadMessage,
 } from "./sandbox_thread.ts";
-import { decodeMessage, encodeMessage } from "./sandbox_process.ts";
+import { decodeMessage, encodeMessage, readLines, writeLineSync } from "./sandbox_process.ts";
 
 /** Milliseconds an aborted run's thread may take to end before it is terminated. */
 export const SANDBOX_ABORT_GRACE = 1_000;
@@ -142,14 +142,14 @@ class Subprocess implements Sandbox {
     }).spawn();
     this.#input = this.#child.stdin.getWriter();
     let outOfMemory = false;
-    const stdout = forwardLines(this.#child.stdout, (line) => {
+    const stdout = readLines(this.#child.stdout, (line) => {
       const message = decodeMessage(line) as ThreadMessage | undefined;
-      if (message === undefined) writeLine(Deno.stdout, line);
+      if (message === undefined) passOn(Deno.stdout, line);
       else this.listener?.message(message);
     });
-    const stderr = forwardLines(this.#child.stderr, (line) => {
+    const stderr = readLines(this.#child.stderr, (line) => {
       if (/out of memory/i.test(line)) outOfMemory = true;
-      writeLine(Deno.stderr, line);
+      passOn(Deno.stderr, line);
     });
     Promise.all([this.#child.status, stdout, stderr]).then(([status]) => {
       if (this.dead) return;
@@ -183,31 +183,10 @@ class Subprocess implements Sandbox {
   }
 }
 
-/** Call `onLine` with each line of `stream` (the last one too); resolves at its end. */
-async function forwardLines(
-  stream: ReadableStream<Uint8Array>,
-  onLine: (line: string) => void,
-): Promise<void> {
-  let buffer = "";
-  try {
-    for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
-      buffer += chunk;
-      for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
-        onLine(buffer.slice(0, nl));
-        buffer = buffer.slice(nl + 1);
-      }
-    }
-  } catch {
-    // The process was killed mid-write: what was read is all there is.
-  }
-  if (buffer) onLine(buffer);
-}
-
 /** Pass a sandbox process's line on to this process's own output. */
-function writeLine(to: { writeSync(p: Uint8Array): number }, line: string): void {
-  const bytes = new TextEncoder().encode(line + "\n");
+function passOn(to: { writeSync(p: Uint8Array): number }, line: string): void {
   try {
-    for (let at = 0; at < bytes.length;) at += to.writeSync(bytes.subarray(at));
+    writeLineSync(to, line);
   } catch {
     // An output that is closed loses the handler's print, not the run.
   }

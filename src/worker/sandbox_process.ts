@@ -46,6 +46,37 @@ export function decodeMessage(line: string): unknown {
   });
 }
 
+const encoder = new TextEncoder();
+
+/** Write `text` and a newline to `to` at once and whole (a write may take only part). */
+export function writeLineSync(to: { writeSync(p: Uint8Array): number }, text: string): void {
+  const bytes = encoder.encode(text + "\n");
+  for (let at = 0; at < bytes.length;) at += to.writeSync(bytes.subarray(at));
+}
+
+/**
+ * Call `onLine` with each line of `stream` (the last one too, without its newline);
+ * resolves at the stream's end, or when reading it fails (what was read is all there is).
+ */
+export async function readLines(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+): Promise<void> {
+  let buffer = "";
+  try {
+    for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
+      buffer += chunk;
+      for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
+        onLine(buffer.slice(0, nl));
+        buffer = buffer.slice(nl + 1);
+      }
+    }
+  } catch {
+    // A process killed mid-write, or a closed input.
+  }
+  if (buffer) onLine(buffer);
+}
+
 /**
  * Serve runs with the exports of `module` over standard input and output; the process
  * exits when its input ends (the worker is gone).
@@ -57,27 +88,16 @@ export function decodeMessage(line: string): unknown {
  * ```
  */
 export function serveProcess(module: Record<string, unknown>): void {
-  const encoder = new TextEncoder();
   const port: SandboxPort = {
     postMessage(message: ThreadMessage) {
       // Written at once and whole: a Deno.exit right after a result must not lose it.
-      const bytes = encoder.encode(encodeMessage(message) + "\n");
-      for (let at = 0; at < bytes.length;) at += Deno.stdout.writeSync(bytes.subarray(at));
+      writeLineSync(Deno.stdout, encodeMessage(message));
     },
     onmessage: null,
   };
   serve(module, port);
-  (async () => {
-    let buffer = "";
-    for await (const chunk of Deno.stdin.readable.pipeThrough(new TextDecoderStream())) {
-      buffer += chunk;
-      for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
-        const line = buffer.slice(0, nl);
-        buffer = buffer.slice(nl + 1);
-        const data = decodeMessage(line) as RunMessage | AbortMessage | DependenciesMessage;
-        if (data !== undefined) port.onmessage?.({ data });
-      }
-    }
-    Deno.exit(0);
-  })();
+  readLines(Deno.stdin.readable, (line) => {
+    const data = decodeMessage(line) as RunMessage | AbortMessage | DependenciesMessage;
+    if (data !== undefined) port.onmessage?.({ data });
+  }).then(() => Deno.exit(0));
 }
