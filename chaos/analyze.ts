@@ -1,6 +1,7 @@
 // The assertions of the chaos soak, computed from what the harness saw (faults, outages,
 // processes, samples, logs) and from the database after the drain (jobs, the producers'
 // `expected` rows, the execution ledger and the trigger's transition log).
+import { SANDBOX_CRASHED } from "../src/worker/sandbox_pool.ts";
 import { pidOfWorkerId, type WorkerProcess } from "./fleet.ts";
 import { COMPLETE_TX_KINDS, type Kind, TASKS } from "./tasks.ts";
 
@@ -45,12 +46,14 @@ export interface DbState {
     attempt: number;
     max_attempts: number;
     run_count: number;
-    result: { nonce?: string; runCount?: number } | null;
+    result: { nonce?: string; runCount?: number; spunMs?: number } | null;
     errors: { error: string; message: string; dependency?: string }[];
     created_at: Date;
     finished_at: Date | null;
     /** Whether the count that ended the drain saw this row version (true without a drain). */
     seen_at_drain: boolean;
+    /** How a `chaos.crash` job crashes its sandbox process ("exit" or "oom"). */
+    how?: string | null;
   }[];
   expected: { seq: number; kind: Kind; job_id: string; limit_key: string | null }[];
   transitions: {
@@ -106,6 +109,8 @@ export interface RunData {
     lockWaits: string[];
     maxRunning: Record<string, number>;
     uniqueViolations: string[];
+    /** Each worker's heartbeat age (ms) by worker id, at each sample (database clock, ms). */
+    heartbeats: { at: number; ages: Record<string, number> }[];
   };
   chaos: { from: number; to: number; terminalAtEnd: number };
   drained: boolean;
@@ -122,6 +127,8 @@ export interface RunData {
   migration?: { from: string; at: number | null; to: number | null; error: string | null };
   /** The bound on the longest stall (no job finishing while work was ready), ms. */
   stallBound: number;
+  /** The heap cap of `chaos.crash`'s sandbox process, MiB. */
+  crashHeapMb: number;
   db: DbState;
 }
 
@@ -209,8 +216,9 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
   const tally = { succeed: 0, succeeded: 0, doomed: 0, failed: 0 };
   const stepOf = new Map(db.flowSteps.map((f) => [f.job_id, f]));
   for (const j of db.jobs) {
-    // A flow step cancelled by its failed dependency is judged with the flows (4c).
-    if (stepOf.get(j.id)?.expect === "cancel") continue;
+    // A flow step cancelled by its failed dependency is judged with the flows (4c), a job
+    // that crashes its sandbox with the sandboxes (26).
+    if (stepOf.get(j.id)?.expect === "cancel" || kindOf(j.task) === "crash") continue;
     const doomed = kindOf(j.task) === "doomed";
     if (doomed) {
       tally.doomed++;
@@ -266,6 +274,8 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
 
   // 6. Every run beyond the first explained.
   const reasons: Record<string, number> = {};
+  /** Why each run that did not succeed ended, by `job:run` (for the sandbox assertions). */
+  const whyRun = new Map<string, string>();
   const unexplained: string[] = [];
   const latencies: { job: string; latency: number; down: number; cause: string }[] = [];
   let reruns = 0;
@@ -287,6 +297,7 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
       if (!last) reruns++;
       const started = startsOf.has(`${j.id}:${r}`);
       const why = explain(run, end, claim, kind, byPid, started);
+      whyRun.set(`${j.id}:${r}`, why.reason);
       reasons[why.reason] = (reasons[why.reason] ?? 0) + 1;
       if (why.reason === "unexplained") {
         unexplained.push(
@@ -353,6 +364,9 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
     if (isTx(kindOf(j.task))) {
       const c = commitsOf.get(j.id)?.[0];
       written = c ? { nonce: c.nonce, runCount: c.run_count } : null;
+    } else if (kindOf(j.task) === "cpu" && mine && j.result) {
+      // A sandboxed handler cannot see the nonce its worker recorded: its run count tells.
+      written = { ...j.result, nonce: mine.nonce };
     } else {
       written = j.result;
     }
@@ -569,6 +583,10 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
           `in ${s(m.to - m.at, 2)}, while the workers and the producers ran`,
     );
   }
+
+  // 26, 27 and 28. The sandboxed tasks: crashes charged to their own jobs only, CPU-bound
+  // runs beside an unaffected loop.
+  verdicts.push(...judgeSandboxes(run, whyRun, scan.loopBlocks));
   return verdicts;
 }
 
@@ -658,6 +676,10 @@ function explain(
   const outage = run.outages.some((o) => o.from <= endAt && o.to >= claimAt - LOOKBACK_MS);
   if (end.error === "PlannedFailure") {
     return { reason: kind === "flaky" || kind === "doomed" ? "planned failure" : "unexplained" };
+  }
+  // Only chaos.crash crashes its sandbox (assertion 26 checks how the crash is named).
+  if (end.error === SANDBOX_CRASHED) {
+    return { reason: kind === "crash" ? "planned sandbox crash" : "unexplained" };
   }
   if (end.error === "WorkerLost") {
     const kill = faultsOf("kill").find((f) => f.at >= claimAt - 1_000 && f.at <= endAt);
@@ -889,6 +911,7 @@ async function scanLogs(run: RunData) {
   const hits: string[] = [];
   const malformed: string[] = [];
   const events: Record<string, number> = {};
+  const loopBlocks: LoopBlockRecord[] = [];
   let lines = 0;
   let records = 0;
   const check = (text: string, where: string) => {
@@ -913,6 +936,16 @@ async function scanLogs(run: RunData) {
           records++;
           const event = record.event ?? record.properties?.event;
           if (typeof event === "string") events[event] = (events[event] ?? 0) + 1;
+          if (event === "loop_blocked") {
+            const props = { ...record.properties, ...record };
+            loopBlocks.push({
+              idx: w.idx,
+              at: Date.parse(record["@timestamp"]),
+              blockedMs: Number(props.blockedMs),
+              task: props.task,
+              jobId: props.jobId === undefined ? undefined : String(props.jobId),
+            });
+          }
         } catch {
           // A SIGKILL may cut the last line short; a worker run that ends with code 1 gets
           // the CLI's one-line summary, even if the process is killed before it
@@ -927,7 +960,7 @@ async function scanLogs(run: RunData) {
   }
   run.db.storedTexts.forEach((t, i) => check(t, `stored error/result #${i + 1}`));
   run.harnessMessages.forEach((t, i) => check(t, `harness error #${i + 1}`));
-  return { hits, malformed, events, lines, records };
+  return { hits, malformed, events, lines, records, loopBlocks };
 }
 
 async function lastLine(path: string): Promise<string> {
@@ -947,4 +980,273 @@ function median(values: number[]): number {
   if (values.length === 0) return 0;
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.floor(sorted.length / 2)];
+}
+
+/** A `loop_blocked` record of a worker's log: the event loop was held for `blockedMs`. */
+export interface LoopBlockRecord {
+  /** The worker process (its `idx`). */
+  idx: number;
+  /** When it was logged, as the block ended (epoch ms). */
+  at: number;
+  blockedMs: number;
+  /** The job that held the loop, when the worker knows it. */
+  task?: string;
+  jobId?: string;
+}
+
+/** One run of a job: from its claim to the transition that ended it (if any). */
+interface RunSpan {
+  job: DbState["jobs"][number];
+  kind: Kind | undefined;
+  run: number;
+  worker: string | null;
+  from: number;
+  to: number;
+  end: DbState["transitions"][number] | undefined;
+}
+
+/** The name of the crash a `chaos.crash` job's stored errors must give. */
+function crashText(how: string | null | undefined, heapMb: number): RegExp {
+  const exit = "exited with code 3";
+  const oom = `ran out of memory \\(maxHeapMb ${heapMb}\\)`;
+  const what = how === "exit" ? exit : how === "oom" ? oom : `(?:${exit}|${oom})`;
+  return new RegExp(`^the handler's process ${what}; `);
+}
+
+/**
+ * The sandbox assertions (26-28), from the database state after the drain, the fault log,
+ * the workers' heartbeat ages sampled meanwhile and their `loop_blocked` records. `whyRun`
+ * says why each run that did not succeed ended (`job:run` → the reason of assertion 7).
+ */
+export function judgeSandboxes(
+  run: Pick<
+    RunData,
+    | "db"
+    | "faults"
+    | "outages"
+    | "workers"
+    | "heartbeatTtl"
+    | "heartbeatInterval"
+    | "samples"
+    | "crashHeapMb"
+  >,
+  whyRun: Map<string, string>,
+  loopBlocks: LoopBlockRecord[],
+): Verdict[] {
+  const { db } = run;
+  const out: Verdict[] = [];
+  const add = (ok: boolean, name: string, detail: string, lines: string[] = []) =>
+    out.push({ ok, name, detail, lines: lines.slice(0, 25) });
+  const kindOf = (task: string) => KIND_OF_TASK.get(task);
+  const byPid = new Map(run.workers.map((w) => [w.pid, w]));
+  const processOf = (worker: string | null) => byPid.get(pidOfWorkerId(worker) ?? -1);
+  const transitionsOf = new Map<string, DbState["transitions"]>();
+  for (const t of db.transitions) {
+    transitionsOf.set(t.job_id, [...(transitionsOf.get(t.job_id) ?? []), t]);
+  }
+  const runs: RunSpan[] = [];
+  for (const job of db.jobs) {
+    const ts = transitionsOf.get(job.id) ?? [];
+    for (const claim of ts.filter((t) => t.new_state === "running")) {
+      const end = ts.find((t) =>
+        t.old_state === "running" && t.old_run_count === claim.new_run_count
+      );
+      runs.push({
+        job,
+        kind: kindOf(job.task),
+        run: claim.new_run_count,
+        worker: claim.new_worker,
+        from: ms(claim.at),
+        to: end ? ms(end.at) : Infinity,
+        end,
+      });
+    }
+  }
+  const reasonOf = (r: RunSpan) => whyRun.get(`${r.job.id}:${r.run}`);
+  const label = (r: RunSpan) => `job ${r.job.id} ${r.job.task} run ${r.run} on ${r.worker ?? "?"}`;
+  const tally = (reasons: (string | undefined)[]) => {
+    const counts: Record<string, number> = {};
+    for (const reason of reasons) counts[reason ?? "?"] = (counts[reason ?? "?"] ?? 0) + 1;
+    return Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(", ") || "none";
+  };
+
+  // 26. A sandbox crash charges its own job only: every job run beside one in its worker
+  // ended as it would have anyway (a success, or a cause of its own that assertion 7
+  // explains), no job but chaos.crash has a SandboxCrashed error, and the worker went on.
+  const crashes = runs.filter((r) => r.kind === "crash" && r.end?.error === SANDBOX_CRASHED);
+  const problems26: string[] = [];
+  const beside = new Set<RunSpan>();
+  for (const c of crashes) {
+    for (const r of runs) {
+      if (r.job === c.job || r.worker !== c.worker || r.from >= c.to || r.to <= c.from) continue;
+      beside.add(r);
+    }
+    const w = processOf(c.worker);
+    if (
+      w && w.exitedAt !== null && w.exitedAt >= c.to && w.exitedAt <= c.to + 10_000 &&
+      w.endedBy === null && leaseLost(run, w) === null
+    ) {
+      problems26.push(`${label(c)}: its worker exited (code ${w.code}) after the crash`);
+    }
+  }
+  const besideEnds: (string | undefined)[] = [];
+  for (const r of beside) {
+    const state = r.end?.new_state;
+    if (state === "succeeded" || state === undefined) {
+      besideEnds.push(state ?? "still running");
+      continue;
+    }
+    const reason = reasonOf(r);
+    besideEnds.push(reason);
+    if (r.end?.error === SANDBOX_CRASHED || reason === undefined || reason === "unexplained") {
+      problems26.push(
+        `${label(r)}, beside a crash, ended ${state} (${r.end?.error ?? "no error"}: ` +
+          `${(r.end?.message ?? "").slice(0, 120)}), ${reason ?? "no reason"}`,
+      );
+    }
+  }
+  const stray = db.jobs.filter((j) =>
+    kindOf(j.task) !== "crash" && j.errors.some((e) => e.error === SANDBOX_CRASHED)
+  );
+  for (const j of stray) problems26.push(`job ${j.id} ${j.task} has a ${SANDBOX_CRASHED} error`);
+  add(
+    crashes.length > 0 && beside.size > 0 && problems26.length === 0,
+    "a sandbox crash charged only its own job",
+    `${crashes.length} crashes of a sandbox process; ${beside.size} runs of other jobs beside ` +
+      `them in the same worker ended: ${tally(besideEnds)}; ${stray.length} other jobs with ` +
+      `a ${SANDBOX_CRASHED} error` +
+      (crashes.length === 0 || beside.size === 0 ? " (nothing to judge: no run beside one)" : ""),
+    problems26,
+  );
+
+  // 27. The crashing jobs fail within their attempts, every stored error the crash (named
+  // as the process ended) or a fault that assertion 7 explains (a SIGKILL of its worker…).
+  const crashJobs = db.jobs.filter((j) => kindOf(j.task) === "crash");
+  const problems27: string[] = [];
+  let named = 0;
+  const faulted: string[] = [];
+  for (const j of crashJobs) {
+    if (j.state !== "failed" || j.attempt > j.max_attempts) {
+      problems27.push(`job ${j.id} is ${j.state}, attempt ${j.attempt}/${j.max_attempts}`);
+    }
+    const want = crashText(j.how, run.crashHeapMb);
+    let mine = 0;
+    for (const e of j.errors) {
+      if (e.error === SANDBOX_CRASHED) {
+        if (want.test(e.message)) mine++;
+        else problems27.push(`job ${j.id} (${j.how}): ${e.error}: ${e.message.slice(0, 120)}`);
+        continue;
+      }
+      const end = (transitionsOf.get(j.id) ?? []).find((t) =>
+        t.old_state === "running" && t.error === e.error && t.message === e.message
+      );
+      const reason = end && whyRun.get(`${j.id}:${end.old_run_count}`);
+      if (!reason || reason === "unexplained") {
+        problems27.push(`job ${j.id}: ${e.error}: ${e.message.slice(0, 120)} (not explained)`);
+      } else faulted.push(reason);
+    }
+    if (mine === 0) problems27.push(`job ${j.id} (${j.how}): no error names the crash`);
+    named += mine;
+  }
+  const hows = crashJobs.map((j) => j.how ?? "?");
+  add(
+    crashJobs.length > 0 && problems27.length === 0,
+    "every crashing sandboxed job failed within its attempts, its errors naming the crash",
+    `${crashJobs.length} jobs (${hows.filter((h) => h === "exit").length} by Deno.exit(3), ` +
+      `${hows.filter((h) => h === "oom").length} out of a ${run.crashHeapMb} MiB heap): ` +
+      `${crashJobs.filter((j) => j.state === "failed").length} failed, attempts spent ` +
+      `${crashJobs.map((j) => `${j.attempt}/${j.max_attempts}`).join(" ")}; ${named} errors ` +
+      `name the crash, ${faulted.length} are faults: ${tally(faulted)}`,
+    problems27,
+  );
+
+  // 28. CPU-bound sandboxed jobs succeed, and their workers' loops carry on meanwhile: no
+  // heartbeat as old as the TTL while one ran (outside a fault of that worker: a SIGSTOP, a
+  // kill, its connections terminated, a database outage) and no loop block.
+  const cpuJobs = db.jobs.filter((j) => kindOf(j.task) === "cpu");
+  const cpuRuns = runs.filter((r) => r.kind === "cpu");
+  const problems28: string[] = [];
+  const spun: number[] = [];
+  for (const j of cpuJobs) {
+    const spunMs = j.result?.spunMs ?? 0;
+    spun.push(spunMs);
+    if (j.state !== "succeeded" || j.result?.runCount !== j.run_count) {
+      problems28.push(
+        `job ${j.id} is ${j.state} (run ${j.run_count}, result of run ` +
+          `${j.result?.runCount ?? "none"})`,
+      );
+    } else if (spunMs < run.heartbeatTtl) {
+      problems28.push(`job ${j.id} computed ${s(spunMs, 2)}, less than the heartbeat TTL`);
+    }
+  }
+  const cut: (string | undefined)[] = [];
+  for (const r of cpuRuns) {
+    if (r.end === undefined || r.end.new_state === "succeeded") continue;
+    const reason = reasonOf(r);
+    cut.push(reason);
+    if (reason === undefined || reason === "unexplained") {
+      problems28.push(`${label(r)} ended ${r.end.new_state} (${r.end.error ?? "no error"})`);
+    }
+  }
+  const overlaps = (a0: number, a1: number, b0: number, b1: number) => a0 <= b1 && b0 <= a1;
+  /** Whether worker `idx` had a fault that explains a stale heartbeat or a late loop in [a, b]. */
+  const excused = (w: WorkerProcess, a: number, b: number) =>
+    (w.exitedAt !== null && w.exitedAt <= b) ||
+    run.faults.some((f) => {
+      if (f.idx !== w.idx) return false;
+      if (f.kind === "kill") return f.at <= b;
+      if (f.kind === "terminate") return overlaps(f.at, f.at + run.heartbeatTtl, a, b);
+      if (f.kind !== "stop") return false;
+      const cont = run.faults.find((c) => c.kind === "cont" && c.idx === w.idx && c.at >= f.at);
+      return overlaps(f.at, (cont?.at ?? Infinity) + 1_000, a, b);
+    }) ||
+    run.outages.some((o) => overlaps(o.from, o.to + 1_000, a, b));
+  let maxAge = 0;
+  let sampled = 0;
+  let excusedSamples = 0;
+  for (const r of cpuRuns) {
+    const w = processOf(r.worker);
+    if (!w || r.worker === null) continue;
+    for (const sample of run.samples.heartbeats) {
+      const age = sample.ages[r.worker];
+      if (age === undefined || sample.at < r.from || sample.at > r.to) continue;
+      if (excused(w, sample.at - age, sample.at)) {
+        excusedSamples++;
+        continue;
+      }
+      sampled++;
+      maxAge = Math.max(maxAge, age);
+      if (age >= run.heartbeatTtl) {
+        problems28.push(
+          `${label(r)}: its worker's heartbeat was ${s(age, 2)} old at ` +
+            `${new Date(sample.at).toISOString()}`,
+        );
+      }
+    }
+    for (const b of loopBlocks) {
+      if (b.idx !== w.idx || !overlaps(b.at - b.blockedMs, b.at, r.from, r.to)) continue;
+      if (excused(w, b.at - b.blockedMs, b.at)) continue;
+      problems28.push(
+        `${label(r)}: its worker's loop was blocked ${s(b.blockedMs, 2)} ` +
+          `(${b.task ?? "no job named"})`,
+      );
+    }
+  }
+  for (const b of loopBlocks) {
+    if (b.task === TASKS.cpu || b.task === TASKS.crash) {
+      problems28.push(`w${b.idx}: ${b.task} job ${b.jobId} blocked the event loop`);
+    }
+  }
+  add(
+    cpuJobs.length > 0 && sampled > 0 && problems28.length === 0,
+    "CPU-bound sandboxed jobs succeeded, their workers' heartbeat unaffected",
+    `${cpuJobs.filter((j) => j.state === "succeeded").length}/${cpuJobs.length} succeeded, ` +
+      `each computing ${s(Math.min(...spun, Infinity) === Infinity ? 0 : Math.min(...spun), 2)}` +
+      ` or more without yielding (heartbeat TTL ${s(run.heartbeatTtl)}); runs cut: ` +
+      `${tally(cut)}; oldest heartbeat of their worker while one ran ${s(maxAge, 2)} ` +
+      `(${sampled} samples, ${excusedSamples} left out over faults of that worker); ` +
+      `${loopBlocks.length} loop_blocked records in all`,
+    problems28,
+  );
+  return out;
 }

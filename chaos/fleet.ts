@@ -73,7 +73,16 @@ export class Fleet {
     const idx = this.all.length + 1;
     const sep = url.includes("?") ? "&" : "?";
     const child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--allow-all", `${root}/cli.ts`, "worker", "chaos/app.ts", ...workerArgs],
+      // Worker options: chaos.cpu's sandbox threads run with permissions of their own.
+      args: [
+        "run",
+        "--allow-all",
+        "--unstable-worker-options",
+        `${root}/cli.ts`,
+        "worker",
+        "chaos/app.ts",
+        ...workerArgs,
+      ],
       cwd: root,
       env: {
         ...env,

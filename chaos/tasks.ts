@@ -16,6 +16,8 @@ export const TASKS = {
   limited: "chaos.limited",
   unique: "chaos.unique",
   tick: "chaos.tick",
+  cpu: "chaos.cpu",
+  crash: "chaos.crash",
 } as const;
 
 /** The interval of the `chaos.tick` schedule, which every worker runs. */
@@ -31,6 +33,12 @@ export const COMPLETE_TX_KINDS: readonly Kind[] = ["slow", "flaky", "limited"];
 export const MAX_ATTEMPTS = 25;
 /** Attempt budget of `chaos.doomed` (always fails). */
 export const DOOMED_ATTEMPTS = 3;
+/** Attempt budget of `chaos.crash` (its sandbox process always crashes). */
+export const CRASH_ATTEMPTS = 3;
+/** The heap cap of `chaos.crash`'s sandbox process, MiB (its `oom` runs fill it). */
+export const CRASH_HEAP_MB = 32;
+/** The sandboxed tasks' handlers (chaos/sandboxed.ts). */
+const SANDBOXED = import.meta.resolve("./sandboxed.ts");
 
 /** The error a task throws on purpose (its name marks a planned failure in `errors`). */
 export class PlannedFailure extends Error {
@@ -191,6 +199,42 @@ export function register(app: Akadze): void {
     const nonce = await start(ctx);
     await sleep(ms(args.ms), ctx.signal);
     return { nonce, runCount: ctx.job.runCount };
+  });
+  // CPU-bound, in a thread of the worker (one at a time, with no permissions: the worker
+  // needs --unstable-worker-options for that): a loop longer than the heartbeat TTL, which
+  // must neither cost the worker its lease nor hold its other jobs.
+  app.task(TASKS.cpu, {
+    ...attempts,
+    sandbox: { module: SANDBOXED, export: "spin", pool: 1, permissions: "none" },
+  });
+  // Always crashes its sandbox process (Deno.exit(3), or out of its heap cap): each run must
+  // fail only its own attempt, saying how the process ended, until its attempts run out.
+  try {
+    app.task(TASKS.crash, {
+      maxAttempts: CRASH_ATTEMPTS,
+      backoff: () => 150,
+      sandbox: {
+        module: SANDBOXED,
+        export: "crash",
+        isolation: "process",
+        maxHeapMb: CRASH_HEAP_MB,
+        pool: 1,
+        permissions: "none",
+      },
+    });
+  } catch (error) {
+    // The migrate phase's release predates process sandboxes: its workers leave these jobs
+    // to the workers of the current code (a worker claims only the tasks it knows).
+    if (!/unknown sandbox option "isolation"/.test(String((error as Error)?.message))) {
+      throw error;
+    }
+  }
+  // The sandboxed runs cannot reach the database: the worker records their start.
+  app.hooks.beforeRun.push(async (job) => {
+    if (job.task !== TASKS.cpu && job.task !== TASKS.crash) return;
+    await sql`insert into chaos.ledger_start (job_id, run_count, attempt, nonce, pid, worker_id)
+              values (${job.id}, ${job.runCount}, ${job.attempt}, ${crypto.randomUUID()},
+                      ${Deno.pid}, ${job.workerId})`;
   });
   // A schedule: each fire must be enqueued once across all workers.
   app.periodic(TASKS.tick, { ...attempts, every: TICK_EVERY }, async (_args, ctx) => {
