@@ -293,7 +293,12 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
       const claim = claims.get(r);
       if (!end || end.new_state === "succeeded") continue;
       const last = r === j.run_count;
-      if (last && kind === "doomed" && end.new_state === "failed") continue;
+      if (
+        last && kind === "doomed" && end.new_state === "failed" && end.error === "PlannedFailure"
+      ) {
+        whyRun.set(`${j.id}:${r}`, "planned failure");
+        continue;
+      }
       if (!last) reruns++;
       const started = startsOf.has(`${j.id}:${r}`);
       const why = explain(run, end, claim, kind, byPid, started);

@@ -360,7 +360,7 @@ function makeSandboxed(firstSeq: number): Batch[] {
   };
   spread("cpu", Math.max(2, Math.round(WINDOW / CPU_EVERY)), 0.5, () => ({ ms: CPU_MS }));
   spread("crash", Math.max(2, Math.round(WINDOW / CRASH_EVERY)), 0.3, (i) => ({
-    how: i % 2 === 0 ? "exit" : "oom",
+    oom: i % 2 === 1,
     ms: CRASH_AFTER,
   }));
   return batches;
@@ -847,10 +847,10 @@ try {
       try {
         const [row] = await sampleSql.unsafe(`
           select
-            pg_catalog.extract(epoch from pg_catalog.clock_timestamp())
+            pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
               operator(pg_catalog.*) 1000 as at,
             coalesce((select pg_catalog.json_object_agg(w.id, pg_catalog.round(
-                pg_catalog.extract(epoch from pg_catalog.clock_timestamp()
+                pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()
                   operator(pg_catalog.-) w.heartbeat_at) operator(pg_catalog.*) 1000))
               from akadze.workers w), '{}'::pg_catalog.json) as beats,
             coalesce((select json_object_agg(k, n) from (
@@ -1243,7 +1243,8 @@ async function readDb(
   const jobs = await sql`
     select id::text as id, task, state, attempt, max_attempts, run_count, result, errors,
            created_at, finished_at,
-           case when task = ${TASKS.crash} then args ->> 'how' end as how,
+           case when task = ${TASKS.crash}
+                then case when (args ->> 'oom')::boolean then 'oom' else 'exit' end end as how,
            coalesce(pg_visible_in_snapshot(xmin::text::xid8, ${drainSnapshot}::pg_snapshot),
                     true) as seen_at_drain
       from akadze.jobs order by id`;

@@ -4,7 +4,10 @@
 // it; its permissions are its own.
 import { requestCancel } from "../src/admin/jobs.ts";
 import { assert, assertEquals, assertMatch } from "./assert.ts";
-import { startWorker, waitForJob, withApp } from "./_helpers.ts";
+import type { Sql } from "../src/db.ts";
+import { ProcessStderr } from "../src/worker/sandbox_pool.ts";
+import { startWorker, waitForJob, withApp, withDatabase } from "./_helpers.ts";
+import { MOD, SLOW, spawnCli, withDir, withProcesses, WORKER_PERMISSIONS } from "./_processes.ts";
 import { ended, HANDLERS, row } from "./_sandbox.ts";
 
 const OPTIONS = {
@@ -15,6 +18,12 @@ const OPTIONS = {
   schedules: false,
   slots: 4,
 } as const;
+
+async function enqueueRow(sql: Sql, task: string): Promise<string> {
+  const [{ id }] =
+    await sql`insert into akadze.jobs (task) values (${task}) returning id::text as id`;
+  return id;
+}
 
 function process(exportName: string, extra: Record<string, unknown> = {}) {
   return { module: HANDLERS, export: exportName, isolation: "process" as const, ...extra };
@@ -153,4 +162,81 @@ Deno.test("a sandbox process has its own permissions: none refuses a read, a fol
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("a sandbox process that runs out of memory leaves the worker's JSON log whole: V8's report is not passed on", async () => {
+  const app = `
+import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("hog", {
+  maxAttempts: 1,
+  sandbox: { module: ${
+    JSON.stringify(HANDLERS)
+  }, export: "hog", isolation: "process", maxHeapMb: 32 },
+});
+app.task("say", { sandbox: { module: ${
+    JSON.stringify(HANDLERS)
+  }, export: "whereAmI", isolation: "process" } });
+`;
+  await withDir({ "app.ts": app }, async (dir) => {
+    await withDatabase("sandbox_process_oom_log", async (db, sql) => {
+      await withProcesses(async () => {
+        const hog = await enqueueRow(sql, "hog");
+        const say = await enqueueRow(sql, "say");
+        const worker = spawnCli(
+          ["worker", `${dir}/app.ts`, "--log-format", "json", "--poll-interval", "0.1"],
+          { AKADZE_DATABASE_URL: db.url },
+          { permissions: [...WORKER_PERMISSIONS, "--allow-run"] },
+        );
+        await waitForJob(sql, hog, ended, "the hog to run out of memory", SLOW);
+        await waitForJob(sql, say, ended, "the printing job", SLOW);
+        const r = await row(sql, hog);
+        assertMatch(
+          r.errors![0].message,
+          /the handler's process ran out of memory \(maxHeapMb 32\)/,
+        );
+        worker.child.kill("SIGTERM");
+        const out = await worker.done();
+        assertEquals(out.code, 0, out.stderr);
+        // What the handler itself prints is passed on as it is (on standard output here).
+        assertMatch(out.stdout, /printed by the handler/);
+        const stray = out.stderr.split("\n").filter((line) => {
+          if (line === "") return false;
+          try {
+            JSON.parse(line);
+            return false;
+          } catch {
+            return true;
+          }
+        });
+        assertEquals(stray, [], out.stderr);
+      });
+    });
+  });
+});
+
+Deno.test("a sandbox process's standard error is passed on, blank lines too, all but V8's out-of-memory report", () => {
+  const passed: string[] = [];
+  const plain = new ProcessStderr((line) => passed.push(line));
+  for (const line of ["one", "", "#", "two", ""]) plain.line(line);
+  plain.end();
+  assertEquals([passed, plain.outOfMemory], [["one", "", "#", "two", ""], false]);
+  passed.length = 0;
+  const dying = new ProcessStderr((line) => passed.push(line));
+  for (
+    const line of [
+      "printed before",
+      "",
+      "<--- Last few GCs --->",
+      "",
+      "[1:0x1]  123 ms: Mark-Compact (reduce) 31.9 (32.4) -> 31.9 (32.4) MB",
+      "#",
+      "# Fatal JavaScript out of memory: Reached heap limit",
+      "#",
+      "==== C stack trace ===============================",
+      "    deno(+0x28b0d2e) [0x559f47055d2e]",
+    ]
+  ) dying.line(line);
+  dying.end();
+  assertEquals([passed, dying.outOfMemory], [["printed before"], true]);
 });

@@ -141,17 +141,16 @@ class Subprocess implements Sandbox {
       stderr: "piped",
     }).spawn();
     this.#input = this.#child.stdin.getWriter();
-    let outOfMemory = false;
     const stdout = readLines(this.#child.stdout, (line) => {
       const message = decodeMessage(line) as ThreadMessage | undefined;
       if (message === undefined) passOn(Deno.stdout, line);
       else this.listener?.message(message);
     });
-    const stderr = readLines(this.#child.stderr, (line) => {
-      if (/out of memory/i.test(line)) outOfMemory = true;
-      passOn(Deno.stderr, line);
-    });
+    const errors = new ProcessStderr((line) => passOn(Deno.stderr, line));
+    const stderr = readLines(this.#child.stderr, (line) => errors.line(line))
+      .then(() => errors.end());
     Promise.all([this.#child.status, stdout, stderr]).then(([status]) => {
+      const outOfMemory = errors.outOfMemory;
       if (this.dead) return;
       this.dead = true;
       const listener = this.listener;
@@ -180,6 +179,63 @@ class Subprocess implements Sandbox {
     } catch {
       // already gone
     }
+  }
+}
+
+/**
+ * The standard error of a sandbox process, line by line: passed on to the worker's own,
+ * except V8's report of running out of memory (the last garbage collections, the C stack
+ * trace), which says no more than the run's error ("ran out of memory") and would break a
+ * worker log of JSON lines. Blank lines and lone `#` are held until the next line shows
+ * whether the report starts there.
+ *
+ * @example
+ * ```ts ignore
+ * const errors = new ProcessStderr((line) => console.error(line));
+ * errors.line("");
+ * errors.line("<--- Last few GCs --->"); // the report: nothing is passed on from here
+ * errors.end();
+ * errors.outOfMemory; // true
+ * ```
+ */
+export class ProcessStderr {
+  /** Whether the process said it ran out of memory. */
+  outOfMemory = false;
+  #passOn: (line: string) => void;
+  #held: string[] = [];
+  #report = false;
+
+  /** Lines that are not V8's report go to `passOn`. */
+  constructor(passOn: (line: string) => void) {
+    this.#passOn = passOn;
+  }
+
+  /** One line of the process's standard error (without its newline). */
+  line(text: string): void {
+    if (/out of memory/i.test(text)) this.outOfMemory = true;
+    if (this.#report) return;
+    if (text === "<--- Last few GCs --->" || /^# Fatal JavaScript out of memory/.test(text)) {
+      // V8 is ending the process: the rest of its standard error is the report.
+      this.#report = true;
+      this.#held = [];
+      return;
+    }
+    if (text === "" || text === "#") {
+      this.#held.push(text);
+      return;
+    }
+    this.#flush();
+    this.#passOn(text);
+  }
+
+  /** The end of the stream: lines held are passed on (no report followed them). */
+  end(): void {
+    if (!this.#report) this.#flush();
+  }
+
+  #flush(): void {
+    for (const held of this.#held) this.#passOn(held);
+    this.#held = [];
   }
 }
 
