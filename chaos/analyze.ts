@@ -217,7 +217,7 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
   const stepOf = new Map(db.flowSteps.map((f) => [f.job_id, f]));
   for (const j of db.jobs) {
     // A flow step cancelled by its failed dependency is judged with the flows (4c), a job
-    // that crashes its sandbox with the sandboxes (26).
+    // that crashes its sandbox with the sandboxes (27).
     if (stepOf.get(j.id)?.expect === "cancel" || kindOf(j.task) === "crash") continue;
     const doomed = kindOf(j.task) === "doomed";
     if (doomed) {
@@ -682,7 +682,7 @@ function explain(
   if (end.error === "PlannedFailure") {
     return { reason: kind === "flaky" || kind === "doomed" ? "planned failure" : "unexplained" };
   }
-  // Only chaos.crash crashes its sandbox (assertion 26 checks how the crash is named).
+  // Only chaos.crash crashes its sandbox (assertion 27 checks how the crash is named).
   if (end.error === SANDBOX_CRASHED) {
     return { reason: kind === "crash" ? "planned sandbox crash" : "unexplained" };
   }
@@ -1246,8 +1246,8 @@ export function judgeSandboxes(
     cpuJobs.length > 0 && sampled > 0 && problems28.length === 0,
     "CPU-bound sandboxed jobs succeeded, their workers' heartbeat unaffected",
     `${cpuJobs.filter((j) => j.state === "succeeded").length}/${cpuJobs.length} succeeded, ` +
-      `each computing ${s(Math.min(...spun, Infinity) === Infinity ? 0 : Math.min(...spun), 2)}` +
-      ` or more without yielding (heartbeat TTL ${s(run.heartbeatTtl)}); runs cut: ` +
+      `each computing ${s(spun.length ? Math.min(...spun) : 0, 2)} or more without yielding ` +
+      `(heartbeat TTL ${s(run.heartbeatTtl)}); runs cut: ` +
       `${tally(cut)}; oldest heartbeat of their worker while one ran ${s(maxAge, 2)} ` +
       `(${sampled} samples, ${excusedSamples} left out over faults of that worker); ` +
       `${loopBlocks.length} loop_blocked records in all`,
