@@ -47,7 +47,14 @@ export interface DbState {
     max_attempts: number;
     run_count: number;
     result: { nonce?: string; runCount?: number; spunMs?: number } | null;
-    errors: { error: string; message: string; dependency?: string }[];
+    /** `worker` and `attempt`: the run that ended with the error (absent in test data). */
+    errors: {
+      error: string;
+      message: string;
+      dependency?: string;
+      worker?: string;
+      attempt?: number;
+    }[];
     created_at: Date;
     finished_at: Date | null;
     /** Whether the count that ended the drain saw this row version (true without a drain). */
@@ -1142,11 +1149,19 @@ export function judgeSandboxes(
         else problems27.push(`job ${j.id} (${j.how}): ${e.error}: ${e.message.slice(0, 120)}`);
         continue;
       }
+      // The run it ended: by its worker and attempt (a rescue's entry is re-worded after a
+      // loop block, which the transition log does not see), else by its words.
       const end = (transitionsOf.get(j.id) ?? []).find((t) =>
-        t.old_state === "running" && t.error === e.error && t.message === e.message
+        t.old_state === "running" && (
+          (e.worker !== undefined && t.old_worker === e.worker && t.new_attempt === e.attempt) ||
+          (t.error === e.error && t.message === e.message)
+        )
       );
       const reason = end && whyRun.get(`${j.id}:${end.old_run_count}`);
-      if (!reason || reason === "unexplained") {
+      if (e.error === "LoopBlocked") {
+        // Its handler runs in a process of its own: it cannot have blocked the loop.
+        problems27.push(`job ${j.id}: charged for blocking the event loop: ${e.message}`);
+      } else if (!reason || reason === "unexplained") {
         problems27.push(`job ${j.id}: ${e.error}: ${e.message.slice(0, 120)} (not explained)`);
       } else faulted.push(reason);
     }
@@ -1240,6 +1255,11 @@ export function judgeSandboxes(
   for (const b of loopBlocks) {
     if (b.task === TASKS.cpu || b.task === TASKS.crash) {
       problems28.push(`w${b.idx}: ${b.task} job ${b.jobId} blocked the event loop`);
+    }
+  }
+  for (const j of cpuJobs) {
+    for (const e of j.errors.filter((e) => e.error === "LoopBlocked")) {
+      problems28.push(`job ${j.id}: charged for blocking the event loop: ${e.message}`);
     }
   }
   add(

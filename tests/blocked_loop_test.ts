@@ -148,3 +148,75 @@ Deno.test("a loop blocked for twice the TTL, two worker processes: each rescued 
     });
   });
 });
+
+/**
+ * `crunch_later` blocks the loop for BLOCK_MS after an await (the lag timer's case, where
+ * the worker tells the culprit by which jobs run when it wakes: it is still running then);
+ * `nap` spins in a sandbox thread.
+ */
+const SANDBOX_APP = `
+import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("crunch_later", { maxAttempts: 1 }, async () => {
+  await new Promise((resolve) => setTimeout(resolve, 0));
+  const end = performance.now() + ${BLOCK_MS};
+  while (performance.now() < end);
+  await new Promise((resolve) => setTimeout(resolve, 1_000));
+  return "crunched";
+});
+app.task("nap", {
+  maxAttempts: 3,
+  sandbox: { module: ${
+  JSON.stringify(import.meta.resolve("./fixtures/sandbox_handlers.ts"))
+}, export: "spin" },
+});
+`;
+
+/** A second worker that runs none of those tasks: it only rescues. */
+const RESCUER_APP = `
+import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("other", () => null);
+`;
+
+Deno.test("a loop blocked while a sandboxed job runs beside the job that blocked it: the blocker is charged, the sandboxed job (whose handler runs elsewhere) gets its attempt back", async () => {
+  await withDir({ "app.ts": SANDBOX_APP, "rescuer.ts": RESCUER_APP }, async (dir) => {
+    await withDatabase("blocked_beside_sandbox", async (db, sql) => {
+      await withProcesses(async () => {
+        const env = { AKADZE_DATABASE_URL: db.url };
+        const worker = spawnCli(["worker", ...WORKER_FLAGS, "--slots", "2", `${dir}/app.ts`], env);
+        const rescuer = spawnCli(["worker", ...WORKER_FLAGS, `${dir}/rescuer.ts`], env);
+        for (const w of [worker, rescuer]) await w.waitForEvent("worker_started");
+        // The sandbox thread spins (off the loop) for longer than the block.
+        const [{ id: nap }] = await sql`insert into akadze.jobs (task, args, max_attempts)
+          values ('nap', ${sql.json({ ms: 10_000 })}, 3) returning id::text as id`;
+        await waitForJob(sql, nap, (r) => r.state === "running", "the nap to start", SLOW);
+        const crunch = await insertJob(sql, "crunch_later", 1);
+        // Both rescued while the loop was blocked, then re-worded once the worker beats again
+        // (more than the rescue's words).
+        const reworded = (id: string, what: string) =>
+          waitFor(
+            async () => {
+              const r = await row(sql, id);
+              return r.errors.length > 0 && r.errors.every((e) => !e.message.endsWith("the run"))
+                ? r
+                : null;
+            },
+            what,
+            SLOW,
+          ) as Promise<Row>;
+        const blocker = await reworded(crunch, "the blocker's rescue to be re-worded");
+        assertEquals(blocker.errors.map((e) => e.error), ["LoopBlocked"], JSON.stringify(blocker));
+        assertEquals([blocker.state, blocker.attempt], ["failed", 1]);
+        const napped = await reworded(nap, "the nap's rescue to be re-worded");
+        assertEquals(napped.errors.map((e) => e.error), ["WorkerLost"], JSON.stringify(napped));
+        assertMatch(napped.errors[0].message, /this attempt is not counted/);
+        assertEquals(napped.attempt, 0);
+        for (const w of [worker, rescuer]) {
+          w.child.kill("SIGTERM");
+          assertEquals((await w.done()).code, 0, w.stderr());
+        }
+      });
+    });
+  });
+});

@@ -87,6 +87,7 @@ interface Case {
   ages?: number[];
   faults?: RunData["faults"];
   blocks?: LoopBlockRecord[];
+  why?: [string, string][];
 }
 
 /** Which of the three sandbox verdicts fail. */
@@ -116,7 +117,7 @@ function failing(c: Case = {}): string[] {
     storedTexts: [],
   };
   const ages = c.ages ?? [400, 200, 500, 300];
-  const whyRun = new Map([["1:1", "planned sandbox crash"]]);
+  const whyRun = new Map([["1:1", "planned sandbox crash"], ...(c.why ?? [])]);
   const data = {
     db,
     faults: c.faults ?? [],
@@ -217,4 +218,48 @@ Deno.test("the sandbox assertions catch a CPU-bound job's worker without a heart
     }),
     [CPU],
   );
+});
+
+Deno.test("the sandbox assertions take a crashing job's rescue during a SIGSTOP for a fault, not a charge for blocking the loop", () => {
+  // Run 2 rescued while its worker was stopped; the woken worker re-words the rescue's entry.
+  const rescue = {
+    ...transition("1", "running", "queued", 6_000, W),
+    old_run_count: 2,
+    new_run_count: 2,
+    new_attempt: 2,
+    error: "WorkerLost",
+    message: `worker ${W} stopped heartbeating during the run`,
+  };
+  const state = (reworded: { error: string; message: string }): Case => ({
+    jobs: [
+      job("1", "chaos.crash", "failed", {
+        how: "exit",
+        attempt: 1,
+        max_attempts: 3,
+        run_count: 3,
+        errors: [
+          { error: "SandboxCrashed", message: CRASHED },
+          { ...reworded, worker: W, attempt: 2 },
+          { error: "SandboxCrashed", message: CRASHED },
+        ],
+      }),
+      job("2", "chaos.quick", "succeeded"),
+      job("3", "chaos.cpu", "succeeded", { result: { runCount: 1, spunMs: 4_000 } }),
+    ],
+    transitions: [
+      ...run("1", 0, 1_500, "queued", "SandboxCrashed"),
+      { ...transition("1", "queued", "running", 2_000, W), old_run_count: 1, new_run_count: 2 },
+      rescue,
+      ...run("2", 100, 900, "succeeded"),
+      ...run("3", 2_000, 6_000, "succeeded"),
+    ],
+    why: [["1:2", "rescued after SIGSTOP"]],
+  });
+  const refunded = `worker ${W} stopped heartbeating during the run: its event loop was held ` +
+    "for 4.5 s; this attempt is not counted";
+  assertEquals(failing(state({ error: "WorkerLost", message: refunded })), []);
+  const charged = `the run blocked the event loop of worker ${W} for 4.5 s, past its heartbeat ` +
+    "lease, so the job was rescued as from a dead worker; run CPU-bound work outside the " +
+    "worker's loop";
+  assertEquals(failing(state({ error: "LoopBlocked", message: charged })), [CRASHERS]);
 });

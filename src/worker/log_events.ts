@@ -185,8 +185,13 @@ export interface LoopBlock {
   culprit: RunRef | null;
   /** How long the loop was held (ms). */
   ms: number;
-  /** The other jobs of the worker at the time (claimed, running or waiting for a write). */
+  /**
+   * The other jobs of the worker at the time (claimed, running or waiting for a write) whose
+   * handlers run on its loop; without a culprit, each of them may have blocked it.
+   */
   bystanders: RunRef[];
+  /** The sandboxed jobs of the worker at the time: their handlers run off the loop. */
+  outside: RunRef[];
 }
 
 /**
@@ -207,7 +212,7 @@ export function logLoopBlocked(block: LoopBlock, heartbeatTtl: number): void {
     seconds,
     heartbeatTtl,
     lease,
-    running: block.bystanders.length + (culprit ? 1 : 0),
+    running: block.bystanders.length + block.outside.length + (culprit ? 1 : 0),
   };
   if (culprit) {
     log.warn(`job {jobId} ({task}) blocked the event loop for {seconds} s: ${tail}`, {
@@ -218,7 +223,7 @@ export function logLoopBlocked(block: LoopBlock, heartbeatTtl: number): void {
   } else {
     log.warn(`the event loop was blocked for {seconds} s while {running} jobs ran: ${tail}`, {
       ...props,
-      jobIds: block.bystanders.map((job) => job.id).join(","),
+      jobIds: [...block.bystanders, ...block.outside].map((job) => job.id).join(","),
     });
   }
 }

@@ -30,6 +30,11 @@ export interface LoopBlocksConfig {
   warnAfter?: number;
   /** The jobs of the worker now (for the bystanders of a block). */
   jobs: () => RunRef[];
+  /**
+   * Whether a job's handler runs off the loop (a sandboxed task's): such a job is never
+   * taken for the one that blocked it. Default: none does.
+   */
+  sandboxed?: (job: RunRef) => boolean;
 }
 
 /** Notices, logs and keeps the blocks of one worker's event loop. */
@@ -49,7 +54,7 @@ export class LoopBlocks {
       1,
       2 ** 31 - 1,
     );
-    this.#config = { ...config, warnAfter };
+    this.#config = { sandboxed: () => false, ...config, warnAfter };
   }
 
   /** The warning threshold (ms). */
@@ -63,8 +68,8 @@ export class LoopBlocks {
    */
   report(culprit: RunRef, ms: number): void {
     this.#reportedAt = performance.now();
-    const bystanders = this.#config.jobs().filter((job) => job.id !== culprit.id);
-    this.#add({ culprit, ms, bystanders });
+    const others = this.#config.jobs().filter((job) => job.id !== culprit.id);
+    this.#add({ culprit, ms, ...this.#split(others) });
   }
 
   /** Start the lag timer (a block after an `await` of a handler). */
@@ -77,10 +82,11 @@ export class LoopBlocks {
       this.#tickAt = now;
       // The executor already named this block.
       if (lag < this.#config.warnAfter || now - this.#reportedAt < LAG_TICK) return;
-      const jobs = this.#config.jobs();
-      // One job running: it blocked the loop. Several: the worker cannot tell which.
-      const culprit = jobs.length === 1 ? jobs[0] : null;
-      this.#add({ culprit, ms: lag, bystanders: culprit ? [] : jobs });
+      const { bystanders, outside } = this.#split(this.#config.jobs());
+      // One job running on the loop: it blocked the loop. Several: the worker cannot tell
+      // which. A sandboxed job's handler runs off the loop: it cannot have.
+      const culprit = bystanders.length === 1 ? bystanders[0] : null;
+      this.#add({ culprit, ms: lag, bystanders: culprit ? [] : bystanders, outside });
     }, LAG_TICK);
   }
 
@@ -93,6 +99,15 @@ export class LoopBlocks {
   /** The blocks that may have cost the lease, since the last call (for `chargeBlock`). */
   take(): LoopBlock[] {
     return this.#pending.splice(0);
+  }
+
+  /** Jobs whose handlers run on the loop, and sandboxed ones. */
+  #split(jobs: RunRef[]): { bystanders: RunRef[]; outside: RunRef[] } {
+    const { sandboxed } = this.#config;
+    return {
+      bystanders: jobs.filter((job) => !sandboxed(job)),
+      outside: jobs.filter((job) => sandboxed(job)),
+    };
   }
 
   #add(block: LoopBlock): void {

@@ -14,7 +14,7 @@ import type { OnTransitionHook } from "../job.ts";
 import { checkInteger } from "./config.ts";
 import { applyTransitions, JOB_RETURNING, type JobRow } from "./job_row.ts";
 import { blockSeconds, logRescued } from "./log_events.ts";
-import type { LoopBlock } from "./loop_blocks.ts";
+import type { LoopBlock, RunRef } from "./loop_blocks.ts";
 import { HEARTBEAT_INTERVAL_DEFAULT } from "./heartbeat.ts";
 import { Periodic } from "./periodic.ts";
 
@@ -213,29 +213,37 @@ export class Rescuer extends Periodic<RescueResult> {
   /**
    * After a block of worker `workerId`'s event loop long enough to cost its lease: the
    * rescues of its jobs meanwhile are charged truthfully. The blocking job keeps its spent
-   * attempt with a `LoopBlocked` error naming the block and its length; the jobs that were
-   * merely in the worker get that attempt back. Returns how many of each were re-worded.
+   * attempt with a `LoopBlocked` error naming the block and its length (each job on the loop
+   * does when the worker cannot tell which one it was); the jobs that were merely in the
+   * worker, and the sandboxed ones, whose handlers run off the loop, get that attempt back.
+   * Returns how many of each were re-worded.
    */
   async chargeBlock(
     workerId: string,
     block: LoopBlock,
   ): Promise<{ charged: number; refunded: number }> {
-    const runs = [...(block.culprit ? [block.culprit] : []), ...block.bystanders];
+    const runs = [...(block.culprit ? [block.culprit] : []), ...block.bystanders, ...block.outside];
     if (runs.length === 0) return { charged: 0, refunded: 0 };
     const seconds = blockSeconds(block.ms);
-    const culpritText = block.culprit ? `job ${block.culprit.id}` : "a job";
+    const suspect = (r: RunRef) =>
+      r === block.culprit || (block.culprit === null && block.bystanders.includes(r));
+    const blocked = block.culprit
+      ? `job ${block.culprit.id} blocked its event loop`
+      : block.bystanders.length > 0
+      ? "a job blocked its event loop"
+      : "its event loop was held";
     const rows = await this.#sql.unsafe(this.#chargeBlock, [
       workerId,
       runs.map((r) => r.id),
       runs.map((r) => r.runCount),
       // As text: postgres.js sends a JS array of booleans as one boolean.
-      runs.map((r) => String(r === block.culprit || block.culprit === null)),
+      runs.map((r) => String(suspect(r))),
       rescueMessage(workerId),
       `the run blocked the event loop of worker ${workerId} for ${seconds} s, past its ` +
       "heartbeat lease, so the job was rescued as from a dead worker; run CPU-bound work " +
       "outside the worker's loop",
-      `worker ${workerId} stopped heartbeating during the run: ${culpritText} blocked its ` +
-      `event loop for ${seconds} s; this attempt is not counted`,
+      `worker ${workerId} stopped heartbeating during the run: ${blocked} for ${seconds} s; ` +
+      "this attempt is not counted",
     ]);
     const charged = rows.filter((r) => r.culprit).length;
     return { charged, refunded: rows.length - charged };

@@ -192,6 +192,7 @@ export class Worker {
         }
         return runs;
       },
+      sandboxed: (run) => app.tasks.get(run.task)?.sandbox !== undefined,
     });
     const executor = this.#executor = new Executor(app, this.#completer.writer, {
       blockWarn: this.#blocks.warnAfter,
