@@ -57,9 +57,12 @@ export class Fleet {
     this.#options = options;
   }
 
-  /** Start the processes spawned from now on from the code at `root` (a new release). */
-  useRoot(root: string): void {
-    this.#options = { ...this.#options, root };
+  /**
+   * Start the processes spawned from now on from the code at `root` (a new release), with
+   * `env` as their extra environment.
+   */
+  useRoot(root: string, env: Record<string, string> = this.#options.env): void {
+    this.#options = { ...this.#options, root, env };
   }
 
   /** Processes that have not exited. */

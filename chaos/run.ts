@@ -463,6 +463,15 @@ async function releaseCode(root: string, code: string, into: string): Promise<[s
   return [dir, `git ${commit} (schema ${MIGRATE_FROM})`];
 }
 
+/** The extra environment of the workers; `release`: of the migrate phase's release. */
+function workerEnv(release: boolean): Record<string, string> {
+  return {
+    ...(PREPARE ? { AKADZE_CHAOS_PREPARE: "1" } : {}),
+    ...(release ? { AKADZE_CHAOS_RELEASE: "1" } : {}),
+    AKADZE_CHAOS_CONNECT_TIMEOUT: String(CONNECT_TIMEOUT / 1000),
+  };
+}
+
 /** `url` with an application_name (the URL may be multi-host, which URL cannot parse). */
 function withAppName(url: string, name: string): string {
   return `${url}${url.includes("?") ? "&" : "?"}application_name=${name}`;
@@ -679,10 +688,7 @@ try {
       "debug",
     ],
     logDir,
-    env: {
-      ...(PREPARE ? { AKADZE_CHAOS_PREPARE: "1" } : {}),
-      AKADZE_CHAOS_CONNECT_TIMEOUT: String(CONNECT_TIMEOUT / 1000),
-    },
+    env: workerEnv(MIGRATE_FROM !== undefined),
     onUnexpectedExit(w) {
       const lost = leaseLost({
         faults,
@@ -1050,7 +1056,7 @@ try {
           lines.at(-1) ?? ""
         }"; new workers and producers run ${described}`,
     });
-    activeFleet.useRoot(code);
+    activeFleet.useRoot(code, workerEnv(false));
     app = harnessApp(Akadze);
     appSql = app.sql;
   };
