@@ -1090,7 +1090,8 @@ export function judgeSandboxes(
   const beside = new Set<RunSpan>();
   for (const c of crashes) {
     for (const r of runs) {
-      if (r.job === c.job || r.worker !== c.worker || r.from >= c.to || r.to <= c.from) continue;
+      // Another crashing job beside it (waiting for the pool's one process) is judged by 27.
+      if (r.kind === "crash" || r.worker !== c.worker || r.from >= c.to || r.to <= c.from) continue;
       beside.add(r);
     }
     const w = processOf(c.worker);

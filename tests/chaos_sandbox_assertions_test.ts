@@ -166,6 +166,28 @@ Deno.test("the sandbox assertions catch a job charged by a crash beside it", () 
   );
 });
 
+Deno.test("the sandbox assertions leave a crashing job beside another to assertion 27", () => {
+  const crashed = { error: "SandboxCrashed", message: CRASHED };
+  assertEquals(
+    failing({
+      jobs: [
+        job("1", "chaos.crash", "failed", { how: "exit", errors: [crashed] }),
+        job("4", "chaos.crash", "failed", { how: "exit", errors: [crashed] }),
+        job("2", "chaos.quick", "succeeded"),
+        job("3", "chaos.cpu", "succeeded", { result: { runCount: 1, spunMs: 4_000 } }),
+      ],
+      transitions: [
+        ...run("1", 0, 1_500, "failed", "SandboxCrashed"),
+        ...run("4", 200, 3_000, "failed", "SandboxCrashed"),
+        ...run("2", 100, 900, "succeeded"),
+        ...run("3", 2_000, 6_000, "succeeded"),
+      ],
+      why: [["4:1", "planned sandbox crash"]],
+    }),
+    [],
+  );
+});
+
 Deno.test("the sandbox assertions catch a crashing job whose error does not name its crash, or that did not fail", () => {
   const cpu = job("3", "chaos.cpu", "succeeded", { result: { runCount: 1, spunMs: 4_000 } });
   assertEquals(
