@@ -1,8 +1,9 @@
 // `deno task chaos [--jobs N] [--workers K] [--minutes M] [--seed S]`: the chaos soak.
 //
 // On its own throwaway PostgreSQL (whose user gets a password, so the URL every worker
-// sees carries one), producers enqueue N mixed jobs (chaos/tasks.ts) in their own
-// transactions while K `akadze worker` processes run them under seeded, logged faults:
+// sees carries one), producers enqueue N mixed jobs (chaos/tasks.ts), flows, and sandboxed
+// jobs (CPU-bound ones, crashing ones) in their own transactions while K `akadze worker`
+// processes run them under seeded, logged faults:
 // SIGKILL of a random worker every 5-15 s (replaced at once), SIGSTOP of one for longer
 // than its heartbeatTtl then SIGCONT, pg_terminate_backend of random worker connections,
 // one fast restart of PostgreSQL and a few seconds of refused connections. Then the
