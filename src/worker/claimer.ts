@@ -150,6 +150,14 @@ export class Claimer {
   }
 
   /**
+   * Whether `limits` had rows when last asked (at most LIMITS_RECHECK ago; no query): a run of
+   * a job with a limit key then keeps its slot for the hand-off of its key's next job.
+   */
+  get limitsSeen(): boolean {
+    return this.#limitsExist;
+  }
+
+  /**
    * A run of a job with a limit key ended and its outcome is written: its key may have room
    * again, so the next claim looks for keys at once.
    */

@@ -1,0 +1,163 @@
+-- akadze schema, version 0020: the hand-off of a limit key's room. "{{schema}}" is replaced by
+-- the quoted schema name.
+--
+-- A key at its maxRunning has room again only once the outcome of one of its runs commits, and
+-- then a claim had to find it: a limited claim (a transaction of several statements) per freed
+-- place, while the key's limits row is held. complete_jobs(14 arguments) is 0016's outcome
+-- write and hand-off (the 13-argument function, called as is), plus p_hand_keys: when true,
+-- the write also claims for the calling worker, in the slots it offered and the dependents left
+-- free, the next ready jobs of the limit keys whose runs it ended, at most as many per key as
+-- it ended and as the key has room for: the room freed goes to the worker whose slot is free
+-- already, in the same transaction. Each such key's limits row is locked first, SKIP LOCKED (a
+-- key another claimer holds is left to the claims, which never wait either), and the room is
+-- counted after the lock by a statement of its own (a fresh snapshot), as the limited claim
+-- counts; starts of keys with maxStarts are marked in limit_starts. A keyed job is handed only
+-- when no ready job this worker could take from its queue without a limits row comes before it
+-- in claim order (the limited claim would have taken that one first): two short index ranges
+-- (higher priorities; the same priority before it), not a scan of the key's queued jobs. The
+-- handed jobs come back as 0016's do (state 'running', the claim's columns in `claimed`). The
+-- 13-argument function, which workers of earlier versions call while a deploy rolls, is
+-- unchanged. Creating a function takes no lock on the jobs table.
+CREATE FUNCTION {{schema}}.complete_jobs(
+  p_ids bigint[], p_run_counts integer[], p_kinds text[], p_results text[], p_errors text[],
+  p_delays_ms float8[], p_dead_tasks text[], p_dead_queues text[], p_worker text,
+  p_hand_queues text[], p_hand_slots integer[], p_hand_total integer, p_hand_tasks text[],
+  p_hand_keys boolean)
+RETURNS TABLE (id text, state text, attempt integer, run_at_ms float8, has_dependents boolean,
+               claimed jsonb)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_running CONSTANT text := 'running';
+  v_never CONSTANT bigint := 2147483647;
+  v_done bigint[] := '{}';
+  v_handed text[] := '{}';
+  v_total integer;
+  v_keys text[];
+  v_freed integer[];
+BEGIN
+  -- The outcomes and the dependents' hand-off (0016); the written jobs' ids are kept, and the
+  -- queues of the jobs it handed (their slots are taken).
+  FOR id, state, attempt, run_at_ms, has_dependents, claimed IN
+    SELECT w.id, w.state, w.attempt, w.run_at_ms, w.has_dependents, w.claimed
+      FROM {{schema}}.complete_jobs(p_ids, p_run_counts, p_kinds, p_results, p_errors,
+                                    p_delays_ms, p_dead_tasks, p_dead_queues, p_worker,
+                                    p_hand_queues, p_hand_slots, p_hand_total, p_hand_tasks) w
+  LOOP
+    IF claimed IS NULL THEN
+      v_done := v_done || id::bigint;
+    ELSE
+      v_handed := v_handed || (claimed ->> 'queue');
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+  v_total := p_hand_total - cardinality(v_handed);
+  IF NOT coalesce(p_hand_keys, false) OR v_total <= 0 OR cardinality(v_done) = 0 THEN
+    RETURN;
+  END IF;
+  -- The keys with a limits row whose runs this write ended, and how many each: their rows
+  -- locked, skipping those another claimer holds.
+  SELECT array_agg(k.key), array_agg(k.n) INTO v_keys, v_freed
+    FROM (SELECT l.key, f.n
+            FROM (SELECT e.limit_key AS key, count(*)::integer AS n FROM {{schema}}.jobs e
+                   WHERE e.id = ANY (v_done) AND e.limit_key IS NOT NULL
+                   GROUP BY e.limit_key) f
+            JOIN {{schema}}.limits l ON l.key = f.key
+           ORDER BY l.key
+             FOR UPDATE OF l SKIP LOCKED) k;
+  IF v_keys IS NULL THEN
+    RETURN;
+  END IF;
+  -- Counted now, under the locks: what runs is what this statement sees running.
+  RETURN QUERY
+  WITH room AS (
+    SELECT l.key, l.max_starts,
+           least(k.n,
+                 coalesce(l.max_running - (SELECT count(*) FROM {{schema}}.jobs r
+                                            WHERE r.state = 'running' AND r.limit_key = l.key),
+                          v_never),
+                 coalesce(l.max_starts - (SELECT count(*) FROM {{schema}}.limit_starts m
+                                           WHERE m.key = l.key
+                                             AND m.started_at > now() - l."window"),
+                          v_never)) AS n
+      FROM unnest(v_keys, v_freed) AS k(key, n)
+      JOIN {{schema}}.limits l ON l.key = k.key),
+  -- The offered queues, not paused, with the slots the dependents left.
+  oq AS (
+    SELECT q.name, q.n - (SELECT count(*) FROM unnest(v_handed) AS h(queue)
+                           WHERE h.queue = q.name)::integer AS n
+      FROM unnest(p_hand_queues, p_hand_slots) AS q(name, n)
+     WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses p WHERE p.queue = q.name)),
+  keyed AS (
+    SELECT x.* FROM room CROSS JOIN LATERAL (
+      SELECT c.ctid, c.id, c.queue, c.priority, c.run_at FROM {{schema}}.jobs c
+       WHERE c.limit_key = room.key
+         AND c.queue = ANY (ARRAY (SELECT o.name FROM oq o WHERE o.n > 0))
+         AND c.state = 'queued' AND c.run_at <= now()
+         AND c.cancel_requested_at IS NULL
+         AND (c.expires_at IS NULL OR c.expires_at > now())
+         AND c.task = ANY (p_hand_tasks)
+       ORDER BY c.priority DESC, c.run_at, c.id
+       LIMIT greatest(room.n, 0)
+         FOR UPDATE OF c SKIP LOCKED) x),
+  candidates AS (
+    SELECT r.ctid FROM (
+      SELECT x.ctid, o.n,
+             row_number() OVER (PARTITION BY x.queue ORDER BY x.priority DESC, x.run_at, x.id)
+               AS rn,
+             row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id) AS total
+        FROM keyed x JOIN oq o ON o.name = x.queue
+       -- No ready job this worker could take without a limits row comes first in claim
+       -- order: none of a higher priority, none of its priority and an earlier run_at. Each an
+       -- index range of jobs_claim_idx that ends before x, in a scalar subquery, so that it is
+       -- looked up per candidate (an anti join was planned as a merge over the whole queue).
+       -- A tie on run_at (jobs of one enqueue transaction) is not ordered by id here: a range
+       -- "same run_at, lower id" was planned on the primary key, every older job, and a row
+       -- comparison beside the run_at bound does not end the range (PostgreSQL 15).
+       WHERE (SELECT true FROM {{schema}}.jobs a
+               WHERE a.state = 'queued' AND a.queue = x.queue AND a.run_at <= now()
+                 AND a.cancel_requested_at IS NULL
+                 AND (a.expires_at IS NULL OR a.expires_at > now())
+                 AND a.task = ANY (p_hand_tasks)
+                 AND (a.limit_key IS NULL
+                      OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l
+                                      WHERE l.key = a.limit_key))
+                 AND a.priority > x.priority
+               LIMIT 1) IS NULL
+         AND (SELECT true FROM {{schema}}.jobs b
+               WHERE b.state = 'queued' AND b.queue = x.queue AND b.run_at <= now()
+                 AND b.cancel_requested_at IS NULL
+                 AND (b.expires_at IS NULL OR b.expires_at > now())
+                 AND b.task = ANY (p_hand_tasks)
+                 AND (b.limit_key IS NULL
+                      OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l
+                                      WHERE l.key = b.limit_key))
+                 AND b.priority = x.priority AND b.run_at < x.run_at
+               LIMIT 1) IS NULL) r
+     WHERE r.rn <= r.n AND r.total <= v_total),
+  handed AS (
+    UPDATE {{schema}}.jobs j
+       SET state = 'running', run_count = j.run_count + 1, worker_id = p_worker,
+           started_at = now()
+     WHERE j.ctid = ANY (ARRAY (SELECT ctid FROM candidates))
+    RETURNING j.id::text AS id, j.task::text AS task, j.queue::text AS queue,
+              j.priority AS priority, j.attempt AS attempt, j.run_count AS run_count,
+              j.max_attempts AS max_attempts, j.snoozes AS snoozes,
+              date_part('epoch', j.run_at) * 1000 AS run_at,
+              date_part('epoch', j.expires_at) * 1000 AS expires_at,
+              j.unique_key::text AS unique_key, j.limit_key::text AS limit_key,
+              date_part('epoch', j.created_at) * 1000 AS created_at,
+              date_part('epoch', j.started_at) * 1000 AS started_at, j.args::jsonb AS args),
+  marks AS (
+    INSERT INTO {{schema}}.limit_starts (key, job_id)
+    SELECT h.limit_key, h.id::bigint FROM handed h
+      JOIN room ON room.key = h.limit_key
+     WHERE room.max_starts IS NOT NULL)
+  SELECT h.id, v_running, h.attempt, h.run_at, NULL::boolean, to_jsonb(h) FROM handed h;
+END
+$$;
