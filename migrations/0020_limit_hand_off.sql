@@ -40,6 +40,9 @@ DECLARE
   v_total integer;
   v_keys text[];
   v_freed integer[];
+  -- How long the hand-off waits for a key's limits row (see below).
+  v_hand_wait CONSTANT text := '50ms';
+  v_lock_timeout text;
 BEGIN
   -- The outcomes and the dependents' hand-off (0016); the written jobs' ids are kept, and the
   -- queues of the jobs it handed (their slots are taken).
@@ -61,15 +64,35 @@ BEGIN
     RETURN;
   END IF;
   -- The keys with a limits row whose runs this write ended, and how many each: their rows
-  -- locked, skipping those another claimer holds.
-  SELECT array_agg(k.key), array_agg(k.n) INTO v_keys, v_freed
-    FROM (SELECT l.key, f.n
-            FROM (SELECT e.limit_key AS key, count(*)::integer AS n FROM {{schema}}.jobs e
-                   WHERE e.id = ANY (v_done) AND e.limit_key IS NOT NULL
-                   GROUP BY e.limit_key) f
-            JOIN {{schema}}.limits l ON l.key = f.key
-           ORDER BY l.key
-             FOR UPDATE OF l SKIP LOCKED) k;
+  -- locked, in key order. Waited for a little, under a lock_timeout of its own: another
+  -- worker's hand-off of the same key holds the row for a statement (skipping it there lost
+  -- that worker its key's places, one write after another); a limited claim holds it for a
+  -- transaction of several round trips, and a setLimit for the caller's transaction, so past
+  -- the timeout the keys held are skipped instead (never a long wait, nor a deadlock: the
+  -- timeout comes before the deadlock check).
+  v_lock_timeout := current_setting('lock_timeout');
+  BEGIN
+    PERFORM set_config('lock_timeout', v_hand_wait, true);
+    SELECT array_agg(k.key), array_agg(k.n) INTO v_keys, v_freed
+      FROM (SELECT l.key, f.n
+              FROM (SELECT e.limit_key AS key, count(*)::integer AS n FROM {{schema}}.jobs e
+                     WHERE e.id = ANY (v_done) AND e.limit_key IS NOT NULL
+                     GROUP BY e.limit_key) f
+              JOIN {{schema}}.limits l ON l.key = f.key
+             ORDER BY l.key
+               FOR UPDATE OF l) k;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+  EXCEPTION WHEN lock_not_available THEN
+    -- The block's changes are undone, lock_timeout's too.
+    SELECT array_agg(k.key), array_agg(k.n) INTO v_keys, v_freed
+      FROM (SELECT l.key, f.n
+              FROM (SELECT e.limit_key AS key, count(*)::integer AS n FROM {{schema}}.jobs e
+                     WHERE e.id = ANY (v_done) AND e.limit_key IS NOT NULL
+                     GROUP BY e.limit_key) f
+              JOIN {{schema}}.limits l ON l.key = f.key
+             ORDER BY l.key
+               FOR UPDATE OF l SKIP LOCKED) k;
+  END;
   IF v_keys IS NULL THEN
     RETURN;
   END IF;
