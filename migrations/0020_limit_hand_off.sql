@@ -15,7 +15,8 @@
 -- when no ready job this worker could take from its queue without a limits row comes before it
 -- in claim order (the limited claim would have taken that one first): two short index ranges
 -- (higher priorities; the same priority before it), not a scan of the key's queued jobs. The
--- handed jobs come back as 0016's do (state 'running', the claim's columns in `claimed`). The
+-- handed jobs come back as 0016's do (state 'running', the claim's columns in `claimed`, and
+-- `limited`: true, so the worker keeps their slots for the next hand-off). The
 -- 13-argument function, which workers of earlier versions call while a deploy rolls, is
 -- unchanged. Creating a function takes no lock on the jobs table.
 CREATE FUNCTION {{schema}}.complete_jobs(
@@ -181,6 +182,9 @@ BEGIN
     SELECT h.limit_key, h.id::bigint FROM handed h
       JOIN room ON room.key = h.limit_key
      WHERE room.max_starts IS NOT NULL)
-  SELECT h.id, v_running, h.attempt, h.run_at, NULL::boolean, to_jsonb(h) FROM handed h;
+  -- Marked `limited`: the worker keeps the slot of its success for this hand-off again.
+  SELECT h.id, v_running, h.attempt, h.run_at, NULL::boolean,
+         to_jsonb(h) || jsonb_build_object('limited', true)
+    FROM handed h;
 END
 $$;

@@ -10,6 +10,7 @@
 import postgres from "postgres";
 import { setLimit } from "../admin.ts";
 import type { Sql } from "../src/db.ts";
+import { Claimer } from "../src/worker/claimer.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { startWorker, waitFor, withApp, withDatabase } from "./_helpers.ts";
 
@@ -253,5 +254,18 @@ Deno.test("a worker runs a key at its maxRunning with each next job handed off b
     const rows = await sql`select j.started_at = p.finished_at as handed
       from akadze.jobs j join akadze.jobs p on p.id = j.id - 1 order by j.id`;
     assertEquals(rows.map((r) => r.handed), [true, true, true, true, true]);
+  });
+});
+
+Deno.test("the claim marks the jobs of keys with a limits row: only their successes keep a slot for the hand-off", async () => {
+  await withDatabase("limit_hand_off_marked", async (_db, sql) => {
+    await sql`insert into akadze.limits (key, max_running) values ('k', 5)`;
+    const [limited] = await enqueue(sql, 1, "k");
+    const [free] = await enqueue(sql, 1, "no-row");
+    const [plain] = await enqueue(sql, 1, null);
+    const claimer = new Claimer(sql, { schema: "akadze", workerId: "w1", tasks: ["t"], hooks: [] });
+    const { claimed } = await claimer.claim([{ queue: "default", slots: 3 }], 3);
+    const marks = Object.fromEntries(claimed.map((j) => [j.id, j.limited === true]));
+    assertEquals(marks, { [limited]: true, [free]: false, [plain]: false });
   });
 });

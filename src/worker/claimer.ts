@@ -24,6 +24,12 @@ export interface ClaimedJob extends JobRow {
   args: unknown;
   /** The enqueue's trace context: read after the claim, only when tracing is on (tracing.ts). */
   trace_context?: TraceContext;
+  /**
+   * Its limit key had a `limits` row when it was claimed (a key the limited claim locked, or
+   * handed by the write that ended a run of its key): its success keeps the slot for the
+   * hand-off of the key's next job (migrations/0020_limit_hand_off.sql).
+   */
+  limited?: boolean;
 }
 
 /** Free slots of one queue. */
@@ -147,14 +153,6 @@ export class Claimer {
   async claim(requests: readonly ClaimRequest[], total: number, offset = 0): Promise<ClaimResult> {
     if (await this.#limitsMayApply()) return await this.#claimLimited(requests, total, offset);
     return await this.#claimUnlimited(requests, total, offset);
-  }
-
-  /**
-   * Whether `limits` had rows when last asked (at most LIMITS_RECHECK ago; no query): a run of
-   * a job with a limit key then keeps its slot for the hand-off of its key's next job.
-   */
-  get limitsSeen(): boolean {
-    return this.#limitsExist;
   }
 
   /**
@@ -301,7 +299,7 @@ export class Claimer {
         .map((r) => r.key);
       this.#keysFound = keys.length > 0;
       if (keys.length === 0) return await this.#unlimited(tx, requests, n, offset, excluded);
-      return await this.#claimed(tx.unsafe(this.#statements.limited, [
+      const rows = await this.#claimed(tx.unsafe(this.#statements.limited, [
         keys,
         queues,
         slots,
@@ -312,6 +310,11 @@ export class Claimer {
         this.#config.workerId,
         Math.min(n, Math.max(0, ...slots)),
       ]));
+      const locked = new Set(keys);
+      for (const row of rows) {
+        if (row.limit_key !== null && locked.has(row.limit_key)) row.limited = true;
+      }
+      return rows;
     };
     if (this.#config.hooks.length === 0) {
       return {

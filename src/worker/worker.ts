@@ -206,12 +206,11 @@ export class Worker {
       onFreed: (wasFull) => {
         if (wasFull || config.batch || this.#draining) this.#wake.up();
       },
-      // A success of a task others depend on, or of a job with a limit key while limits rows
-      // exist: its write may hand this worker a dependent, or its key's next job.
+      // A success of a task others depend on, or of a job whose key has a limits row: its
+      // write may hand this worker a dependent, or its key's next job.
       keepFor: (row) =>
         this.#handOffs && !this.#stopRequested && !this.#loopEnded &&
-        (this.#dependents.has(row.task) ||
-          (row.limit_key != null && this.#claimer.limitsSeen)),
+        (this.#dependents.has(row.task) || row.limited === true),
     });
   }
 
