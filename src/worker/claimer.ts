@@ -115,6 +115,7 @@ export class Claimer {
     keys: string;
     anyKey: string;
     anyKeyByLimits: string;
+    unkeyed: string;
     limited: string;
   };
   #limitsCheckedAt = -Infinity;
@@ -142,6 +143,7 @@ export class Claimer {
       keys: limitKeysStatement(s),
       anyKey: anyKeyStatement(s),
       anyKeyByLimits: limitKeysStatement(s).replace(KEYS_LOCK, ""),
+      unkeyed: unkeyedCandidatesStatement(s),
       limited: limitedClaimStatement(s),
     };
   }
@@ -285,11 +287,23 @@ export class Claimer {
             .length === 0);
       if (none) return await this.#claimUnlimited(requests, total, offset);
     }
+    const maxSlots = (n: number) => Math.min(n, Math.max(0, ...slots));
     const run = async (
       tx: TransactionSql,
       n: number,
       excluded: string[],
     ): Promise<ClaimedJob[]> => {
+      // First the jobs without a limits row that the claim may take, locked before any key
+      // is: their scan passes every queued job of a limited key (jobs_claim_idx has no
+      // limit_key; tens of milliseconds behind a hot key's backlog), and a key's limits row
+      // held meanwhile kept the key's hand-offs (migrations/0020) waiting.
+      const unkeyed = (await tx.unsafe(this.#statements.unkeyed, [
+        queues,
+        slots,
+        tasks,
+        excluded,
+        maxSlots(n),
+      ])).map((r) => r.ctid);
       // Lock the chosen keys' limits rows, serialising claimers of the same key; the claim
       // below then counts with a fresh snapshot (a new statement), so what it sees running
       // is what is running. A key another claimer holds is skipped (the next best one is
@@ -298,7 +312,7 @@ export class Claimer {
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks, n, excluded]))
         .map((r) => r.key);
       this.#keysFound = keys.length > 0;
-      if (keys.length === 0) return await this.#unlimited(tx, requests, n, offset, excluded);
+      // Without a key, the same statement claims from the jobs found first alone.
       const rows = await this.#claimed(tx.unsafe(this.#statements.limited, [
         keys,
         queues,
@@ -308,7 +322,7 @@ export class Claimer {
         offset,
         excluded,
         this.#config.workerId,
-        Math.min(n, Math.max(0, ...slots)),
+        unkeyed,
       ]));
       const locked = new Set(keys);
       for (const row of rows) {
@@ -538,12 +552,25 @@ function limitKeysStatement(s: string): string {
 }
 
 /**
+ * The jobs without a limits row that the limited claim may take, locked for it: $1 queues,
+ * $2 slots per queue, $3 tasks, $4 excluded ids, $5 the largest per-queue slots. Returns
+ * their ctids (text), the best $5 of each queue that is not paused, as the plain claim
+ * picks them.
+ */
+function unkeyedCandidatesStatement(s: string): string {
+  return `select x.ctid::pg_catalog.text as ctid
+    from ${openQueues(s, "$1", "$2")}
+    cross join lateral (${unlimitedReady(s, "q.name", "$3", "$4", "$5")}) x`;
+}
+
+/**
  * Claim from the locked keys and from jobs without a limit, in one claim order: $1 locked
  * keys, $2 queues, $3 slots per queue, $4 tasks, $5 how many in all, $6 round-robin offset,
- * $7 excluded ids, $8 worker id, $9 the largest per-queue slots. Each key gives at most its
- * room (counted now, under the lock), each queue at most its slots; within a queue the best
- * jobs win whether they have a key or not, and queues take turns as in the plain claim.
- * Starts of keys with `maxStarts` are marked in `limit_starts`.
+ * $7 excluded ids, $8 worker id, $9 the ctids of the jobs without a limits row that this
+ * transaction found and locked before the keys ({@linkcode unkeyedCandidatesStatement}).
+ * Each key gives at most its room (counted now, under the lock), each queue at most its
+ * slots; within a queue the best jobs win whether they have a key or not, and queues take
+ * turns as in the plain claim. Starts of keys with `maxStarts` are marked in `limit_starts`.
  */
 function limitedClaimStatement(s: string): string {
   return `
@@ -566,8 +593,9 @@ function limitedClaimStatement(s: string): string {
          for update of c skip locked) x
     ),
     unkeyed as (
-      select x.ctid, x.id, oq.name as queue, x.priority, x.run_at
-        from oq cross join lateral (${unlimitedReady(s, "oq.name", "$4", "$7", "$9")}) x
+      -- Locked by this transaction since it found them: still queued, their ctids unchanged.
+      select c.ctid, c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
+       where c.ctid operator(pg_catalog.=) any($9::pg_catalog.tid[])
     ),
     candidates as (
       select r.ctid from (
