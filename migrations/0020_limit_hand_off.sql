@@ -1,5 +1,5 @@
--- akadze schema, version 0020: the hand-off of a limit key's room. "{{schema}}" is replaced by
--- the quoted schema name.
+-- akadze schema, version 0020: the hand-off of a limit key's room, and the one-queue claim with
+-- its check for a limit key in one call. "{{schema}}" is replaced by the quoted schema name.
 --
 -- A key at its maxRunning has room again only once the outcome of one of its runs commits, and
 -- then a claim had to find it: a limited claim (a transaction of several statements) per freed
@@ -186,5 +186,89 @@ BEGIN
   SELECT h.id, v_running, h.attempt, h.run_at, NULL::boolean,
          to_jsonb(h) || jsonb_build_object('limited', true)
     FROM handed h;
+END
+$$;
+
+-- claim_one_checked: the one-queue claim of a worker whose last limited claim found no key to
+-- serve (src/worker/claimer.ts), with the check it runs first in the same call: whether a limit
+-- key has room and a ready job in the queue, found from the keys of queued jobs (at most 100
+-- distinct keys, one descent of jobs_queued_key_idx each), as the claimer's own check does. Such
+-- a key (or more keys than the walk looks at) comes back as one row with only `keyed` set
+-- ('key', 'unknown'), and nothing is claimed: the worker then claims as limits say. Otherwise it
+-- is claim_one (p_levels null) or claim_one_floor, whose rows it returns (`keyed` null). The
+-- check and the claim were two calls (three round trips, the check unprepared), which held the
+-- jobs without a key back while limits rows exist.
+CREATE FUNCTION {{schema}}.claim_one_checked(
+  p_queue text, p_tasks text[], p_limit integer, p_excluded bigint[], p_worker text,
+  p_levels smallint[], p_floors float8[])
+RETURNS TABLE (
+  id text, task text, queue text, priority smallint, attempt integer, run_count integer,
+  max_attempts integer, snoozes integer, run_at float8, expires_at float8, unique_key text,
+  limit_key text, created_at float8, started_at float8, args jsonb, keyed text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_never CONSTANT bigint := 2147483647;
+  v_walk CONSTANT integer := 100;
+  v_complete boolean;
+  v_key text;
+BEGIN
+  IF EXISTS (SELECT 1 FROM {{schema}}.queue_pauses p WHERE p.queue = p_queue) THEN
+    RETURN;
+  END IF;
+  WITH RECURSIVE queued_keys(key, depth) AS (
+    (SELECT min(c.limit_key)::text, 1 FROM {{schema}}.jobs c
+      WHERE c.state = 'queued' AND c.limit_key IS NOT NULL)
+    UNION ALL
+    SELECT (SELECT min(c.limit_key)::text FROM {{schema}}.jobs c
+             WHERE c.state = 'queued' AND c.limit_key IS NOT NULL AND c.limit_key > q.key),
+           q.depth + 1
+      FROM queued_keys q WHERE q.key IS NOT NULL AND q.depth <= v_walk)
+  SELECT EXISTS (SELECT 1 FROM queued_keys k WHERE k.key IS NULL),
+         (SELECT q.key FROM queued_keys q
+           CROSS JOIN LATERAL (
+             SELECT l.key FROM {{schema}}.limits l
+              WHERE l.key = q.key
+                AND least(
+                      coalesce(l.max_running - (SELECT count(*) FROM {{schema}}.jobs r
+                                                 WHERE r.state = 'running'
+                                                   AND r.limit_key = l.key), v_never),
+                      coalesce(l.max_starts - (SELECT count(*) FROM {{schema}}.limit_starts m
+                                                WHERE m.key = l.key
+                                                  AND m.started_at > now() - l."window"),
+                               v_never)) > 0
+             OFFSET 0) l
+           CROSS JOIN LATERAL (
+             SELECT 1 FROM {{schema}}.jobs c
+              WHERE c.limit_key = l.key
+                AND c.state = 'queued' AND c.queue = p_queue AND c.run_at <= now()
+                AND c.cancel_requested_at IS NULL
+                AND (c.expires_at IS NULL OR c.expires_at > now())
+                AND c.task = ANY (p_tasks)
+                AND c.id <> ALL (p_excluded)
+              LIMIT 1) best
+          WHERE q.key IS NOT NULL
+          LIMIT 1)
+    INTO v_complete, v_key;
+  IF v_key IS NOT NULL OR NOT v_complete THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::smallint, NULL::integer,
+      NULL::integer, NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::text,
+      NULL::text, NULL::float8, NULL::float8, NULL::jsonb,
+      CASE WHEN v_key IS NOT NULL THEN 'key' ELSE 'unknown' END;
+    RETURN;
+  END IF;
+  IF p_levels IS NULL THEN
+    RETURN QUERY SELECT c.*, NULL::text
+      FROM {{schema}}.claim_one(p_queue, p_tasks, p_limit, p_excluded, p_worker) c;
+  ELSE
+    RETURN QUERY SELECT c.*, NULL::text
+      FROM {{schema}}.claim_one_floor(p_queue, p_tasks, p_limit, p_excluded, p_worker, p_levels,
+                                      p_floors) c;
+  END IF;
 END
 $$;

@@ -110,6 +110,7 @@ export class Claimer {
   #statements: {
     claimOne: string;
     claimOneFloor: string;
+    claimOneChecked: string;
     claim: string;
     hasLimits: string;
     keys: string;
@@ -138,6 +139,7 @@ export class Claimer {
     this.#statements = {
       claimOne: claimOneStatement(s),
       claimOneFloor: `select * from ${s}.claim_one_floor($1, $2, $3, $4, $5, $6, $7)`,
+      claimOneChecked: `select * from ${s}.claim_one_checked($1, $2, $3, $4, $5, $6, $7)`,
       claim: claimStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
       keys: limitKeysStatement(s),
@@ -230,6 +232,7 @@ export class Claimer {
     queue: string,
     n: number,
     excluded: string[],
+    checked?: { keyed: string | null },
   ): Promise<ClaimedJob[]> {
     const params = [queue, this.#config.tasks as string[], n, excluded, this.#config.workerId];
     const floors = this.#floors.get(queue);
@@ -237,7 +240,25 @@ export class Claimer {
     const fast = floors !== undefined && floors.size <= MAX_LEVELS &&
       now < (this.#fullClaimDue.get(queue) ?? -Infinity);
     let rows: ClaimedJob[];
-    if (fast) {
+    if (checked) {
+      // claim_one_checked: the check for a limit key with room, then one of the two claims.
+      const levels = fast ? [[...floors.keys()], [...floors.values()]] : [null, null];
+      rows = await this.#claimed(
+        sql.unsafe(this.#statements.claimOneChecked, [...params, ...levels], PREPARED),
+      );
+      let keyed: string | null = null;
+      for (const row of rows) {
+        const r = row as { keyed?: string | null };
+        keyed ??= r.keyed ?? null;
+        delete r.keyed;
+      }
+      if (keyed !== null) {
+        // A key has room (or more keys are queued than the check looks at): nothing claimed.
+        checked.keyed = keyed;
+        return [];
+      }
+      if (!fast) this.#fullClaimDue.set(queue, now + fullClaimInterval(this.#now() - now));
+    } else if (fast) {
       rows = await this.#claimed(sql.unsafe(this.#statements.claimOneFloor, [
         ...params,
         [...floors.keys()],
@@ -280,8 +301,16 @@ export class Claimer {
     if (!this.#keysFound) {
       // The last pass found no key with room and a ready job (limits exist, but their jobs
       // are done or at their limit): while that stays so, claim as without limits, sparing
-      // the transaction and its round trips.
-      const [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
+      // the transaction and its round trips. From one queue without hooks, the check and the
+      // claim are one call (`claim_one_checked`, migrations/0020).
+      let walk: { key: string | null; complete: boolean };
+      if (requests.length === 1 && this.#config.hooks.length === 0) {
+        const checked = { keyed: null as string | null };
+        const n = Math.min(total, requests[0].slots);
+        const rows = await this.#claimOne(this.#sql, requests[0].queue, n, [], checked);
+        if (checked.keyed === null) return { claimed: rows, rolledBack: 0 };
+        walk = { key: checked.keyed === "key" ? "" : null, complete: checked.keyed === "key" };
+      } else [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
       const none = walk.key === null && (walk.complete ||
         (await this.#sql.unsafe(this.#statements.anyKeyByLimits, [queues, tasks, 1, []]))
             .length === 0);
