@@ -371,8 +371,9 @@ export class BatchCompleter {
       this.#counts.written++;
       const key = p?.job?.limit_key;
       if (key != null) {
-        freed ??= new Map();
-        freed.set(key, [...freed.get(key) ?? [], p!.job!.queue]);
+        const queues = (freed ??= new Map()).get(key);
+        if (queues) queues.push(p!.job!.queue);
+        else freed.set(key, [p!.job!.queue]);
       }
       if (row.hasDependents && p?.job) onDependents?.(p.job.task);
       p?.done();

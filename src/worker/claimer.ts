@@ -303,15 +303,19 @@ export class Claimer {
       // are done or at their limit): while that stays so, claim as without limits, sparing
       // the transaction and its round trips. From one queue without hooks, the check and the
       // claim are one call (`claim_one_checked`, migrations/0020).
-      let walk: { key: string | null; complete: boolean };
+      // "key": a key has room; "unknown": more keys are queued than the check looks at.
+      let answer: "none" | "key" | "unknown";
       if (requests.length === 1 && this.#config.hooks.length === 0) {
         const checked = { keyed: null as string | null };
         const n = Math.min(total, requests[0].slots);
         const rows = await this.#claimOne(this.#sql, requests[0].queue, n, [], checked);
         if (checked.keyed === null) return { claimed: rows, rolledBack: 0 };
-        walk = { key: checked.keyed === "key" ? "" : null, complete: checked.keyed === "key" };
-      } else [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
-      const none = walk.key === null && (walk.complete ||
+        answer = checked.keyed === "key" ? "key" : "unknown";
+      } else {
+        const [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
+        answer = walk.key !== null ? "key" : walk.complete ? "none" : "unknown";
+      }
+      const none = answer === "none" || (answer === "unknown" &&
         (await this.#sql.unsafe(this.#statements.anyKeyByLimits, [queues, tasks, 1, []]))
             .length === 0);
       if (none) return await this.#claimUnlimited(requests, total, offset);
