@@ -97,6 +97,44 @@ Deno.test("an outcome whose onTransition hook fails is written again; an orphan 
   });
 });
 
+Deno.test("a keyed success hands its key's next job over, and wakes no claim for the place it took", async () => {
+  await withApp("bc_key_hand_off", async (app, sql) => {
+    const handOffs: { handed: string[]; keyed: boolean }[] = [];
+    const freed: string[][] = [];
+    let keyed = false;
+    const completer = new BatchCompleter(app.sql, {
+      schema: app.schema,
+      hooks: [],
+      offer: (queues, anyKeyed) => {
+        keyed = anyKeyed;
+        return {
+          workerId: "w1",
+          requests: [{ queue: "default", slots: queues.length }],
+          total: queues.length,
+          tasks: ["t"],
+          keys: anyKeyed,
+        };
+      },
+      onHandOff: (_queues, handed) => handOffs.push({ handed: handed.map((r) => r.id), keyed }),
+      onLimitFreed: (queues) => freed.push(queues),
+    });
+    await sql`insert into akadze.limits (key, max_running) values ('k', 1)`;
+    const [a, b] = (await sql`insert into akadze.jobs (task, limit_key)
+      values ('t', 'k'), ('t', 'k') returning id::text as id`).map((r) => r.id as string);
+    await sql`update akadze.jobs set state = 'running', worker_id = 'w1', run_count = 1,
+      started_at = now() where id = ${a}`;
+    completer.complete({ id: a, runCount: 1, kind: "succeeded" }, { ...job, limit_key: "k" }, true);
+    await completer.runOnce();
+    assertEquals(handOffs, [{ handed: [b], keyed: true }]);
+    assertEquals(freed, [], "the place went to b: no claim to wake");
+    // b's success: nothing left to hand, so its place wakes the claims.
+    completer.complete({ id: b, runCount: 1, kind: "succeeded" }, { ...job, limit_key: "k" }, true);
+    await completer.runOnce();
+    assertEquals(handOffs[1], { handed: [], keyed: true });
+    assertEquals(freed, [["default"]]);
+  });
+});
+
 Deno.test("a write of a success that kept its slot hands the dependent over; a failed try that offered slots reports a hand-off possibly lost", async () => {
   await withApp("bc_hand_off", async (app, sql) => {
     const handOffs: { queues: string[]; handed: string[]; lost: boolean }[] = [];

@@ -57,6 +57,19 @@ Deno.test("claim_one and claim_one_floor repeat the claim rule and return the cl
   });
 });
 
+Deno.test("claim_one_checked (0020) returns the claim columns, then its answer on limit keys", async () => {
+  await withDatabase("job_columns_checked", async (_db, sql) => {
+    const [f] = await sql`
+      select array(select a.name || ' ' || format_type(a.type, null)
+                     from unnest(p.proargnames, p.proallargtypes, p.proargmodes::text[])
+                          with ordinality as a(name, type, mode, i)
+                    where a.mode = 't' order by a.i) as result
+        from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze' and p.proname = 'claim_one_checked'`;
+    assertEquals(f.result, [...claimResultColumns(), "keyed text"]);
+  });
+});
+
 Deno.test("the hand-off of complete_jobs (0016) claims by the claim rule and returns the claim columns, by name", async () => {
   await withDatabase("job_columns_hand_off", async (_db, sql) => {
     const s = quoteSchema("akadze");

@@ -380,3 +380,44 @@ Deno.test("the check for a key with room looks past the first hundred keys at th
     assertEquals((await claim()).claimed.map((j) => j.limit_key), [null, null]);
   });
 });
+
+Deno.test("claim_one_checked claims as claim_one unless a limit key has room and a ready job", async () => {
+  await withApp("lim_checked", async (_app, sql) => {
+    const checked = (levels: string) =>
+      sql.unsafe(
+        `select id::text as id, limit_key, keyed
+           from akadze.claim_one_checked('default', '{work}', 5, '{}', 'w1', ${levels})`,
+      );
+    await sql`insert into akadze.limits (key, max_running) values ('k', 1)`;
+    const [{ id: keyed }] = await sql`insert into akadze.jobs (task, limit_key)
+      values ('work', 'k') returning id::text as id`;
+    const [{ id: free }] = await sql`insert into akadze.jobs (task) values ('work')
+      returning id::text as id`;
+    // The key has room and a ready job: only the answer, nothing claimed.
+    assertEquals([...await checked("null, null")], [{ id: null, limit_key: null, keyed: "key" }]);
+    assertEquals(await countJobs(sql, "running"), 0);
+    // At its limit: the jobs without a limits row are claimed, from floors too.
+    await sql`update akadze.jobs set state = 'running', worker_id = 'elsewhere',
+      started_at = now() where limit_key = 'k'`;
+    await sql`insert into akadze.jobs (task, limit_key) values ('work', 'k')`;
+    assertEquals([...await checked("'{0}', '{0}'")], [{ id: free, limit_key: null, keyed: null }]);
+    // A paused queue: nothing, and no answer.
+    await sql`update akadze.jobs set state = 'queued', worker_id = null where id = ${keyed}`;
+    await sql`insert into akadze.queue_pauses (queue) values ('default')`;
+    assertEquals([...await checked("null, null")], []);
+    // More keys queued than the check looks at, none with room: it cannot tell.
+    await sql`delete from akadze.queue_pauses`;
+    await sql`update akadze.jobs set state = 'running', worker_id = 'elsewhere',
+      started_at = now() where id = ${keyed}`;
+    await tenants(sql, 120, { maxRunning: 1 }, () => 1);
+    await sql`update akadze.jobs set state = 'running', worker_id = 'elsewhere',
+      started_at = now() where limit_key like 'tenant:%'`;
+    await sql`insert into akadze.jobs (task, limit_key)
+      select 'work', key from akadze.limits where key like 'tenant:%'`;
+    assertEquals([...await checked("null, null")], [{
+      id: null,
+      limit_key: null,
+      keyed: "unknown",
+    }]);
+  });
+});

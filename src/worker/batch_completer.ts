@@ -73,9 +73,10 @@ export interface BatchCompleterConfig {
   onLimitFreed?: (queues: string[]) => void;
   /**
    * The hand-off: what a write of successes that kept their slots (`complete(..., true)`) may
-   * take for this worker, given one queue per kept slot; null to take nothing (stopping).
+   * take for this worker, given one queue per kept slot and whether one of those runs had a
+   * limit key (`keyed`: its key's next job may be handed); null to take nothing (stopping).
    */
-  offer?: (queues: readonly string[]) => HandOffer | null;
+  offer?: (queues: readonly string[], keyed: boolean) => HandOffer | null;
   /**
    * Called once per write with kept slots, after it: the kept slots (one queue each) are
    * free again, and `handed` are the jobs claimed for this worker in the write's transaction,
@@ -327,7 +328,10 @@ export class BatchCompleter {
       result = await retryTransient(() => {
         // Asked again on every try: the worker may have begun to stop meanwhile.
         const offer = kept.length > 0 && this.#config.offer
-          ? this.#config.offer(kept.map((p) => p.job!.queue))
+          ? this.#config.offer(
+            kept.map((p) => p.job!.queue),
+            kept.some((p) => p.job!.limit_key != null),
+          )
           : null;
         const write = completer.write(batch.map((p) => p.outcome), offer ?? undefined);
         if (!offer) return write;
@@ -358,16 +362,29 @@ export class BatchCompleter {
     const byId = new Map(batch.map((p) => [p.outcome.id, p]));
     const log = infoEnabled();
     const onDependents = this.#config.onDependents;
-    let freed: Set<string> | null = null;
+    // Per limit key, the queues of the runs written: each freed a place under the key, which a
+    // job the write handed from that key took already (no claim needs waking for it).
+    let freed: Map<string, string[]> | null = null;
     for (const row of result.written) {
       const p = byId.get(row.id);
       this.#record(row, log, p?.outcome, p?.job);
       this.#counts.written++;
-      if (p?.job?.limit_key != null) (freed ??= new Set()).add(p.job.queue);
+      const key = p?.job?.limit_key;
+      if (key != null) {
+        const queues = (freed ??= new Map()).get(key);
+        if (queues) queues.push(p!.job!.queue);
+        else freed.set(key, [p!.job!.queue]);
+      }
       if (row.hasDependents && p?.job) onDependents?.(p.job.task);
       p?.done();
     }
-    if (freed) this.#config.onLimitFreed?.([...freed]);
+    if (freed) {
+      for (const job of result.handed) {
+        if (job.limit_key != null) freed.get(job.limit_key)?.pop();
+      }
+      const queues = new Set([...freed.values()].flat());
+      if (queues.size > 0) this.#config.onLimitFreed?.([...queues]);
+    }
     for (const outcome of result.stale) {
       logOutcomeDiscarded(outcome);
       this.#counts.discarded++;

@@ -24,6 +24,12 @@ export interface ClaimedJob extends JobRow {
   args: unknown;
   /** The enqueue's trace context: read after the claim, only when tracing is on (tracing.ts). */
   trace_context?: TraceContext;
+  /**
+   * Its limit key had a `limits` row when it was claimed (a key the limited claim locked, or
+   * handed by the write that ended a run of its key): its success keeps the slot for the
+   * hand-off of the key's next job (migrations/0020_limit_hand_off.sql).
+   */
+  limited?: boolean;
 }
 
 /** Free slots of one queue. */
@@ -104,11 +110,13 @@ export class Claimer {
   #statements: {
     claimOne: string;
     claimOneFloor: string;
+    claimOneChecked: string;
     claim: string;
     hasLimits: string;
     keys: string;
     anyKey: string;
     anyKeyByLimits: string;
+    unkeyed: string;
     limited: string;
   };
   #limitsCheckedAt = -Infinity;
@@ -131,11 +139,13 @@ export class Claimer {
     this.#statements = {
       claimOne: claimOneStatement(s),
       claimOneFloor: `select * from ${s}.claim_one_floor($1, $2, $3, $4, $5, $6, $7)`,
+      claimOneChecked: `select * from ${s}.claim_one_checked($1, $2, $3, $4, $5, $6, $7)`,
       claim: claimStatement(s),
       hasLimits: `select exists (select 1 from ${s}.limits) as any`,
       keys: limitKeysStatement(s),
       anyKey: anyKeyStatement(s),
       anyKeyByLimits: limitKeysStatement(s).replace(KEYS_LOCK, ""),
+      unkeyed: unkeyedCandidatesStatement(s),
       limited: limitedClaimStatement(s),
     };
   }
@@ -222,6 +232,7 @@ export class Claimer {
     queue: string,
     n: number,
     excluded: string[],
+    checked?: { keyed: string | null },
   ): Promise<ClaimedJob[]> {
     const params = [queue, this.#config.tasks as string[], n, excluded, this.#config.workerId];
     const floors = this.#floors.get(queue);
@@ -229,7 +240,25 @@ export class Claimer {
     const fast = floors !== undefined && floors.size <= MAX_LEVELS &&
       now < (this.#fullClaimDue.get(queue) ?? -Infinity);
     let rows: ClaimedJob[];
-    if (fast) {
+    if (checked) {
+      // claim_one_checked: the check for a limit key with room, then one of the two claims.
+      const levels = fast ? [[...floors.keys()], [...floors.values()]] : [null, null];
+      rows = await this.#claimed(
+        sql.unsafe(this.#statements.claimOneChecked, [...params, ...levels], PREPARED),
+      );
+      let keyed: string | null = null;
+      for (const row of rows) {
+        const r = row as { keyed?: string | null };
+        keyed ??= r.keyed ?? null;
+        delete r.keyed;
+      }
+      if (keyed !== null) {
+        // A key has room (or more keys are queued than the check looks at): nothing claimed.
+        checked.keyed = keyed;
+        return [];
+      }
+      if (!fast) this.#fullClaimDue.set(queue, now + fullClaimInterval(this.#now() - now));
+    } else if (fast) {
       rows = await this.#claimed(sql.unsafe(this.#statements.claimOneFloor, [
         ...params,
         [...floors.keys()],
@@ -272,18 +301,42 @@ export class Claimer {
     if (!this.#keysFound) {
       // The last pass found no key with room and a ready job (limits exist, but their jobs
       // are done or at their limit): while that stays so, claim as without limits, sparing
-      // the transaction and its round trips.
-      const [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
-      const none = walk.key === null && (walk.complete ||
+      // the transaction and its round trips. From one queue without hooks, the check and the
+      // claim are one call (`claim_one_checked`, migrations/0020).
+      // "key": a key has room; "unknown": more keys are queued than the check looks at.
+      let answer: "none" | "key" | "unknown";
+      if (requests.length === 1 && this.#config.hooks.length === 0) {
+        const checked = { keyed: null as string | null };
+        const n = Math.min(total, requests[0].slots);
+        const rows = await this.#claimOne(this.#sql, requests[0].queue, n, [], checked);
+        if (checked.keyed === null) return { claimed: rows, rolledBack: 0 };
+        answer = checked.keyed === "key" ? "key" : "unknown";
+      } else {
+        const [walk] = await this.#sql.unsafe(this.#statements.anyKey, [queues, tasks, []]);
+        answer = walk.key !== null ? "key" : walk.complete ? "none" : "unknown";
+      }
+      const none = answer === "none" || (answer === "unknown" &&
         (await this.#sql.unsafe(this.#statements.anyKeyByLimits, [queues, tasks, 1, []]))
             .length === 0);
       if (none) return await this.#claimUnlimited(requests, total, offset);
     }
+    const maxSlots = (n: number) => Math.min(n, Math.max(0, ...slots));
     const run = async (
       tx: TransactionSql,
       n: number,
       excluded: string[],
     ): Promise<ClaimedJob[]> => {
+      // First the jobs without a limits row that the claim may take, locked before any key
+      // is: their scan passes every queued job of a limited key (jobs_claim_idx has no
+      // limit_key; tens of milliseconds behind a hot key's backlog), and a key's limits row
+      // held meanwhile kept the key's hand-offs (migrations/0020) waiting.
+      const unkeyed = (await tx.unsafe(this.#statements.unkeyed, [
+        queues,
+        slots,
+        tasks,
+        excluded,
+        maxSlots(n),
+      ])).map((r) => r.ctid);
       // Lock the chosen keys' limits rows, serialising claimers of the same key; the claim
       // below then counts with a fresh snapshot (a new statement), so what it sees running
       // is what is running. A key another claimer holds is skipped (the next best one is
@@ -292,8 +345,8 @@ export class Claimer {
       const keys = (await tx.unsafe(this.#statements.keys, [queues, tasks, n, excluded]))
         .map((r) => r.key);
       this.#keysFound = keys.length > 0;
-      if (keys.length === 0) return await this.#unlimited(tx, requests, n, offset, excluded);
-      return await this.#claimed(tx.unsafe(this.#statements.limited, [
+      // Without a key, the same statement claims from the jobs found first alone.
+      const rows = await this.#claimed(tx.unsafe(this.#statements.limited, [
         keys,
         queues,
         slots,
@@ -302,8 +355,13 @@ export class Claimer {
         offset,
         excluded,
         this.#config.workerId,
-        Math.min(n, Math.max(0, ...slots)),
+        unkeyed,
       ]));
+      const locked = new Set(keys);
+      for (const row of rows) {
+        if (row.limit_key !== null && locked.has(row.limit_key)) row.limited = true;
+      }
+      return rows;
     };
     if (this.#config.hooks.length === 0) {
       return {
@@ -527,12 +585,25 @@ function limitKeysStatement(s: string): string {
 }
 
 /**
+ * The jobs without a limits row that the limited claim may take, locked for it: $1 queues,
+ * $2 slots per queue, $3 tasks, $4 excluded ids, $5 the largest per-queue slots. Returns
+ * their ctids (text), the best $5 of each queue that is not paused, as the plain claim
+ * picks them.
+ */
+function unkeyedCandidatesStatement(s: string): string {
+  return `select x.ctid::pg_catalog.text as ctid
+    from ${openQueues(s, "$1", "$2")}
+    cross join lateral (${unlimitedReady(s, "q.name", "$3", "$4", "$5")}) x`;
+}
+
+/**
  * Claim from the locked keys and from jobs without a limit, in one claim order: $1 locked
  * keys, $2 queues, $3 slots per queue, $4 tasks, $5 how many in all, $6 round-robin offset,
- * $7 excluded ids, $8 worker id, $9 the largest per-queue slots. Each key gives at most its
- * room (counted now, under the lock), each queue at most its slots; within a queue the best
- * jobs win whether they have a key or not, and queues take turns as in the plain claim.
- * Starts of keys with `maxStarts` are marked in `limit_starts`.
+ * $7 excluded ids, $8 worker id, $9 the ctids of the jobs without a limits row that this
+ * transaction found and locked before the keys ({@linkcode unkeyedCandidatesStatement}).
+ * Each key gives at most its room (counted now, under the lock), each queue at most its
+ * slots; within a queue the best jobs win whether they have a key or not, and queues take
+ * turns as in the plain claim. Starts of keys with `maxStarts` are marked in `limit_starts`.
  */
 function limitedClaimStatement(s: string): string {
   return `
@@ -555,8 +626,9 @@ function limitedClaimStatement(s: string): string {
          for update of c skip locked) x
     ),
     unkeyed as (
-      select x.ctid, x.id, oq.name as queue, x.priority, x.run_at
-        from oq cross join lateral (${unlimitedReady(s, "oq.name", "$4", "$7", "$9")}) x
+      -- Locked by this transaction since it found them: still queued, their ctids unchanged.
+      select c.ctid, c.id, c.queue, c.priority, c.run_at from ${s}.jobs c
+       where c.ctid operator(pg_catalog.=) any($9::pg_catalog.tid[])
     ),
     candidates as (
       select r.ctid from (

@@ -75,6 +75,12 @@ export interface HandOffer {
   total: number;
   /** The tasks the worker runs. */
   tasks: readonly string[];
+  /**
+   * Also the next ready jobs of the limit keys whose runs the write ends, as many as the key
+   * has room for (migrations/0020_limit_hand_off.sql): the room those runs free goes to this
+   * worker's kept slots in the same transaction, not to a later claim.
+   */
+  keys?: boolean;
 }
 
 /** The result of writing outcomes. */
@@ -94,6 +100,7 @@ export class Completer {
   #sql: Sql;
   #hooks: readonly OnTransitionHook[];
   #shortText: string;
+  #keysText: string;
   #rowsText: string;
   #deleteText: string | null;
 
@@ -111,6 +118,7 @@ export class Completer {
     this.#hooks = hooks;
     const s = quoteSchema(schema);
     this.#shortText = completeStatement(s);
+    this.#keysText = completeKeysStatement(s);
     this.#rowsText = `select ${JOB_RETURNING} from ${s}.jobs j where j.id
         operator(pg_catalog.=) any($1::bigint[])`;
     this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
@@ -156,7 +164,13 @@ export class Completer {
     offer?: HandOffer,
     handed?: ClaimedJob[],
   ): Promise<WrittenRow[]> {
-    const rows = await tx.unsafe(this.#shortText, encode(outcomes, offer), PREPARED).values();
+    // The 14-argument write only when it may hand keyed jobs: it calls the 13-argument one.
+    const keys = offer?.keys === true && offer.total > 0;
+    const rows = await tx.unsafe(
+      keys ? this.#keysText : this.#shortText,
+      encode(outcomes, offer, keys),
+      PREPARED,
+    ).values();
     const written: WrittenRow[] = [];
     let claimed: Record<string, unknown>[] | null = null;
     for (const v of rows) {
@@ -284,9 +298,10 @@ class OutcomeEncodingError extends Error {
  * {@linkcode params}, an error of which is an {@linkcode OutcomeEncodingError} (without
  * the original as its cause: whatever a result's getter threw must not look transient).
  */
-function encode(outcomes: readonly Outcome[], offer?: HandOffer): never {
+function encode(outcomes: readonly Outcome[], offer?: HandOffer, keys = false): never {
   try {
-    return [...params(outcomes), ...handOffParams(offer)] as never;
+    const values = [...params(outcomes), ...handOffParams(offer)];
+    return (keys ? [...values, true] : values) as never;
   } catch {
     throw new OutcomeEncodingError();
   }
@@ -392,4 +407,14 @@ function deleteStatement(s: string): string {
 function completeStatement(s: string): string {
   return `select id, state, attempt, run_at_ms, has_dependents, claimed
             from ${s}.complete_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`;
+}
+
+/**
+ * {@linkcode completeStatement} that also hands the writing worker the next ready jobs of the
+ * limit keys whose runs it ends ($14 true): the 14-argument `complete_jobs` of
+ * migrations/0020, which runs the 13-argument one, then that hand-off.
+ */
+function completeKeysStatement(s: string): string {
+  return `select id, state, attempt, run_at_ms, has_dependents, claimed
+            from ${s}.complete_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`;
 }

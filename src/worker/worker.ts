@@ -178,7 +178,7 @@ export class Worker {
         const full = queues.filter((q) => this.#slots.isFull(q));
         if (app.notify && full.length > 0) this.#notifyLimitFreed(full);
       },
-      offer: (queues) => this.#offer(queues, tasks),
+      offer: (queues, keyed) => this.#offer(queues, tasks, keyed),
       onHandOff: (queues, handed, lost) => void this.#takeHanded(queues, handed, lost),
       onDependents: (task) => this.#dependents.add(task),
     });
@@ -207,9 +207,11 @@ export class Worker {
       onFreed: (wasFull) => {
         if (wasFull || config.batch || this.#draining) this.#wake.up();
       },
+      // A success of a task others depend on, or of a job whose key has a limits row: its
+      // write may hand this worker a dependent, or its key's next job.
       keepFor: (row) =>
         this.#handOffs && !this.#stopRequested && !this.#loopEnded &&
-        this.#dependents.has(row.task),
+        (this.#dependents.has(row.task) || row.limited === true),
     });
   }
 
@@ -544,9 +546,14 @@ export class Worker {
 
   /**
    * What an outcome write may hand this worker (slots kept for it, one per queue in
-   * `queues`): as many jobs, of its tasks; nothing once it is stopping.
+   * `queues`): as many jobs, of its tasks, with the next jobs of the ended runs' limit keys
+   * when one of them had a key (`keyed`); nothing once it is stopping.
    */
-  #offer(queues: readonly string[], tasks: readonly string[]): HandOffer | null {
+  #offer(
+    queues: readonly string[],
+    tasks: readonly string[],
+    keyed: boolean,
+  ): HandOffer | null {
     if (this.#stopRequested || this.#loopEnded || this.#loopLeft) return null;
     let total = queues.length;
     const { maxJobs, fair } = this.config;
@@ -559,7 +566,7 @@ export class Worker {
       for (const q of queues) slots.set(q, (slots.get(q) ?? 0) + 1);
       requests = [...slots].map(([queue, n]) => ({ queue, slots: n }));
     }
-    return { workerId: this.id, requests, total, tasks };
+    return { workerId: this.id, requests, total, tasks, keys: keyed };
   }
 
   /**
