@@ -246,25 +246,39 @@ export interface CheckedJob extends Base {
 
 /**
  * Check one job's options and arguments as {@linkcode enqueueJobs} does (the steps of a
- * flow are checked so); throws `EnqueueError`.
+ * flow are checked so); throws `EnqueueError`. Synchronous (no promise to wait for) when the
+ * task has no args schema: a flow of thousands of steps would wait a turn for each.
  */
-export async function checkJob(
+export function checkJob(
   host: EnqueueHost,
   target: EnqueueTarget,
   args: unknown,
   options: Omit<EnqueueOptions, "session">,
-): Promise<CheckedJob> {
+): CheckedJob | Promise<CheckedJob> {
   const base = checkOptions(target, options);
-  checkQueueName(base.queue, EnqueueError);
-  const checked = await checkArgs(target, args);
-  const text = checkSize(
-    target,
-    JSON.stringify(checked),
-    host.maxArgsBytes ?? MAX_ARGS_BYTES,
-    undefined,
-  );
-  return { ...base, args: checked, text };
+  // A flow's steps mostly share their queue: its name is checked once.
+  if (base.queue !== lastQueueChecked) {
+    checkQueueName(base.queue, EnqueueError);
+    lastQueueChecked = base.queue;
+  }
+  const finish = (checked: Record<string, unknown>): CheckedJob => {
+    const text = checkSize(
+      target,
+      JSON.stringify(checked),
+      host.maxArgsBytes ?? MAX_ARGS_BYTES,
+      undefined,
+    );
+    const job = base as CheckedJob;
+    job.args = checked;
+    job.text = text;
+    return job;
+  };
+  const checked = checkArgs(target, args);
+  return checked instanceof Promise ? checked.then(finish) : finish(checked);
 }
+
+/** The queue name {@linkcode checkJob} checked last (a valid one). */
+let lastQueueChecked: string | undefined;
 
 /**
  * Refuse arguments over `maxBytes` of JSON text before they reach the database (which
