@@ -7,8 +7,9 @@
 -- arrays, one element per step, in dependency order (each step after the steps it depends on,
 -- as app.enqueueFlow sends them), their arguments as one JSON array (as enqueue_many takes
 -- them), and the dependencies as four arrays (the depending step's position, the position of the
--- step it depends on or the id of an existing job, and what a failure does). The checks are made
--- on the arrays, with the same rules and messages; the rows are those enqueue_flow inserts.
+-- step it depends on or the id of an existing job, and what a failure does); it returns the
+-- steps' job ids in the same order. The checks are made on the arrays, with the same rules and
+-- messages; the rows are those enqueue_flow inserts.
 -- enqueue_flow stays for SQL callers (and for the children a running job adds); this function
 -- gets its grants.
 CREATE FUNCTION {{schema}}.enqueue_flow_steps(
@@ -17,7 +18,7 @@ CREATE FUNCTION {{schema}}.enqueue_flow_steps(
   p_expires_at timestamptz[], p_unique_keys text[], p_limit_keys text[],
   p_dep_step integer[], p_dep_on integer[], p_dep_job bigint[], p_dep_policy text[],
   in_flow bigint DEFAULT NULL, trace_context jsonb DEFAULT NULL)
-RETURNS TABLE (step text, id bigint)
+RETURNS bigint[]
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -242,9 +243,8 @@ BEGIN
   END LOOP;
   -- The queues of the steps queued at once (settle_dependents announces those it queues).
   PERFORM pg_notify(v_channel, q) FROM unnest(v_queues) q;
-  RETURN QUERY
-  -- In the order given (a function scan's order).
-  SELECT s.name, s.id FROM unnest(p_names, v_ids) AS s(name, id);
+  -- The steps' ids, in the order given: one value (ten thousand rows cost the client more).
+  RETURN v_ids;
 END
 $$;
 

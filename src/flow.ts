@@ -154,16 +154,14 @@ export async function enqueueFlow(
   const params = flowParams(ordered, texts);
   const traceAt = params.length - 1;
   const hooks = host.hooks.onEnqueue;
-  const run = async (
-    tx: Sql | TransactionSql | NodePostgresClient,
-  ): Promise<Record<string, unknown>[]> => {
-    const rows = isNodePostgres(tx)
+  // The steps' job ids, in the order of `ordered`.
+  const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
+    const [row] = isNodePostgres(tx)
       ? (await tx.query(text, params)).rows as Record<string, unknown>[]
       : await tx.unsafe(text, params as never, PREPARED);
-    if (hooks.length === 0) return rows;
-    const ids = rows.map((r) => r.id as string);
-    const stepOf = new Map(rows.map((r) => [r.id as string, r.step as string]));
-    const byName = new Map(ordered.map((step) => [step.name, step]));
+    const ids = (row.ids as string).split(",");
+    if (hooks.length === 0) return ids;
+    const stepOf = new Map(ids.map((id, i) => [id, ordered[i]]));
     // The columns an enqueue reads back (the enqueue role's grant); the rest are the steps'.
     const inserted = await (tx as TransactionSql).unsafe(
       `select id::pg_catalog.text as id, run_at, expires_at, args::pg_catalog.jsonb as args
@@ -171,7 +169,7 @@ export async function enqueueFlow(
       [`{${ids.join(",")}}`],
     );
     for (const row of inserted) {
-      const step = byName.get(stepOf.get(row.id)!)!;
+      const step = stepOf.get(row.id)!;
       const job: EnqueuedJob = {
         id: row.id,
         task: step.task,
@@ -186,30 +184,30 @@ export async function enqueueFlow(
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);
     }
-    return rows;
+    return ids;
   };
   const session = options.session ?? host.sql;
-  let rows: Record<string, unknown>[] = [];
+  let ids: string[] = [];
   const distinct = (key: "task" | "queue") =>
     [...new Set(ordered.map((step) => step[key]))].join(",");
   const target = { task: distinct("task"), queue: distinct("queue"), count: ordered.length };
   try {
     await tracePublish(target, async (traceContext) => {
       params[traceAt] = traceContext;
-      rows = await explainMissingSchema(
+      ids = await explainMissingSchema(
         host.schema,
         () => hooks.length === 0 ? run(session) : atomically(session as Sql, run),
         EnqueueError,
         "cannot enqueue this flow: ",
       );
-      return rows.map((row) => row.id as string);
+      return ids;
     });
   } catch (error) {
     throw flowError(error);
   }
   const jobs: Record<string, string> = {};
-  for (const row of rows) jobs[row.step as string] = row.id as string;
-  return { id: jobs[ordered[0].name], jobs };
+  for (let i = 0; i < ids.length; i++) jobs[ordered[i].name] = ids[i];
+  return { id: ids[0], jobs };
 }
 
 /**
@@ -237,17 +235,28 @@ async function checkFlow(
     );
   }
   const names = Object.keys(steps);
-  const checked = new Map<string, SqlStep>();
+  const checked: SqlStep[] = new Array(names.length);
   const deps = new Map<string, string[]>();
   const texts = new Map<string, string>();
-  for (const name of names) {
+  // Whether each step comes after the steps it depends on (as most flows are written): then
+  // the order given is the dependency order, and nothing is sorted.
+  const position = new Map<string, number>();
+  let sorted = true;
+  for (let i = 0; i < names.length; i++) {
+    const name = names[i];
     const result = checkStep(host, name, steps[name], steps);
     const [step, stepDeps, text] = result instanceof Promise ? await result : result;
-    checked.set(name, step);
+    checked[i] = step;
     deps.set(name, stepDeps);
     texts.set(name, text);
+    for (let k = 0; k < stepDeps.length && sorted; k++) {
+      if (!(position.get(stepDeps[k])! < i)) sorted = false;
+    }
+    position.set(name, i);
   }
-  return { ordered: dependencyOrder(names, deps).map((name) => checked.get(name)!), texts };
+  if (sorted) return { ordered: checked, texts };
+  const byName = new Map(checked.map((step) => [step.name, step]));
+  return { ordered: dependencyOrder(names, deps).map((name) => byName.get(name)!), texts };
 }
 
 /**
@@ -255,13 +264,13 @@ async function checkFlow(
  * which takes the steps as parallel arrays (see {@linkcode flowParams}).
  */
 function flowStatement(s: string): string {
-  return `select step, id::pg_catalog.text as id from ${s}.enqueue_flow_steps(
+  return `select pg_catalog.array_to_string(${s}.enqueue_flow_steps(
       $1::pg_catalog.text[], $2::pg_catalog.text[], $3::pg_catalog.text[],
       $4::pg_catalog.int4[], $5::pg_catalog.int4[], $6::pg_catalog.text,
       $7::pg_catalog.timestamptz[], $8::pg_catalog.float8[], $9::pg_catalog.timestamptz[],
       $10::pg_catalog.text[], $11::pg_catalog.text[], $12::pg_catalog.int4[],
       $13::pg_catalog.int4[], $14::pg_catalog.int8[], $15::pg_catalog.text[], null,
-      $16::pg_catalog.text::pg_catalog.jsonb)`;
+      $16::pg_catalog.text::pg_catalog.jsonb), ',') as ids`;
 }
 
 /**
@@ -443,7 +452,8 @@ function stepOf(
       );
     }
     const dependencies: NonNullable<SqlStep["depends_on"]> = out.depends_on = [];
-    const seenSteps = new Set<string>();
+    // A set only for a long list (a fan-in's): most steps list one or two.
+    const seenSteps = dependsOn.length > 8 ? new Set<string>() : null;
     let seenJobs: Set<string> | undefined;
     for (const dep of dependsOn) {
       // A step name, the common case: no object to make and look into.
@@ -483,10 +493,10 @@ function stepOf(
             `${where()} depends on ${JSON.stringify(stepName)}, which is not a step of this flow`,
           );
         }
-        if (seenSteps.has(stepName)) {
+        if (seenSteps ? seenSteps.has(stepName) : stepDeps.includes(stepName)) {
           throw new EnqueueError(`${where()} lists the dependency ${stepName} twice`);
         }
-        seenSteps.add(stepName);
+        seenSteps?.add(stepName);
         stepDeps.push(stepName);
         dependencies.push({ step: stepName, on_failure: policy });
       } else {
