@@ -260,7 +260,7 @@ async function checkFlow(
 }
 
 /**
- * The flow enqueue: the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps.sql),
+ * The flow enqueue: the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql),
  * which takes the steps as parallel arrays (see {@linkcode flowParams}).
  */
 function flowStatement(s: string): string {

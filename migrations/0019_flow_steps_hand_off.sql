@@ -1,5 +1,6 @@
--- akadze schema, version 0019: enqueue_flow_steps, the flow enqueue of app.enqueueFlow. "{{schema}}"
--- is replaced by the quoted schema name.
+-- akadze schema, version 0019: enqueue_flow_steps, the flow enqueue of app.enqueueFlow, and the
+-- hand-off of complete_jobs in one update per handed dependent. "{{schema}}" is replaced by the
+-- quoted schema name. Creating and replacing functions takes no lock on the jobs table.
 --
 -- enqueue_flow (0018) takes the steps as one JSON document: a 10,000-step flow spent most of its
 -- server time reading it (parsing 1.4 MB of JSON, then some twenty key lookups per step for the
@@ -268,5 +269,167 @@ BEGIN
         CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
   END IF;
+END
+$$;
+
+-- complete_jobs (13 arguments, 0016) with the hand-off in the statement that queues the
+-- dependents: a dependent this batch makes ready and that this worker may take is updated once,
+-- from waiting to running (0016 queued it, then claimed it in a second statement: two row
+-- versions, and their index entries, per handed job; a layered DAG hands whole layers). Which to
+-- hand is decided on the statement's snapshot, where the dependents still wait: those that
+-- become ready, in a queue and of a task the worker offers, by the claim rule (the ready rule
+-- as it will hold once queued, no limits row on their key, the queue not paused), per queue up
+-- to its slots and all up to p_hand_total, in claim order, and only when no job already queued
+-- that this worker could take comes first. The update itself re-reads each row (another
+-- batch's outcome may have counted it down meanwhile): a dependent becomes running only if it
+-- is ready and was chosen, and has no cancel request. The result is 0016's: the outcomes' rows,
+-- then one row per handed job in state 'running' whose `claimed` holds the claim's columns.
+CREATE OR REPLACE FUNCTION {{schema}}.complete_jobs(
+  p_ids bigint[], p_run_counts integer[], p_kinds text[], p_results text[], p_errors text[],
+  p_delays_ms float8[], p_dead_tasks text[], p_dead_queues text[], p_worker text,
+  p_hand_queues text[], p_hand_slots integer[], p_hand_total integer, p_hand_tasks text[])
+RETURNS TABLE (id text, state text, attempt integer, run_at_ms float8, has_dependents boolean,
+               claimed jsonb)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  -- As in 0001: each outcome finds its job by primary key.
+  v_running CONSTANT text := 'running';
+  v_failed CONSTANT text := 'failed';
+  v_succeeded CONSTANT text := 'succeeded';
+  v_channel CONSTANT text := btrim('{{schema}}', '"') || '_jobs';
+BEGIN
+  -- The trigger leaves this statement's successes to the statement (0014).
+  PERFORM set_config('akadze.outcome_settles',
+                     date_part('epoch', statement_timestamp())::text, true);
+  RETURN QUERY
+  WITH done AS (
+    UPDATE {{schema}}.jobs j SET
+      state = {{schema}}.outcome_state(
+        j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts),
+      attempt = j.attempt + (j.cancel_requested_at IS NULL AND o.kind IN ('retry', 'fail'))::int,
+      snoozes = j.snoozes + (j.cancel_requested_at IS NULL AND o.kind = 'snooze')::int,
+      run_at = CASE WHEN {{schema}}.outcome_state(
+                           j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts)
+                         = 'queued'
+                    THEN now() + coalesce(o.delay_ms, 0) * interval '1 millisecond'
+                    ELSE j.run_at END,
+      result = CASE WHEN {{schema}}.outcome_state(
+                           j.cancel_requested_at IS NOT NULL, o.kind, j.attempt, j.max_attempts)
+                         = 'succeeded'
+                    THEN o.result::jsonb END,
+      -- Both branches of the domain type: no domain check unless an error is appended.
+      errors = CASE WHEN o.error IS NULL THEN j.errors
+                    ELSE {{schema}}.append_error(j.errors,
+                           o.error::jsonb || jsonb_build_object('attempt', j.attempt + 1,
+                                                                'worker', j.worker_id)) END,
+      finished_at = CASE WHEN {{schema}}.outcome_state(
+                                j.cancel_requested_at IS NOT NULL, o.kind, j.attempt,
+                                j.max_attempts) = 'queued'
+                         THEN NULL ELSE now() END
+    FROM unnest(p_ids, p_run_counts, p_kinds, p_results, p_errors, p_delays_ms, p_dead_tasks,
+                p_dead_queues)
+           AS o(id, run_count, kind, result, error, delay_ms, dead_task, dead_queue)
+    WHERE j.id = o.id AND j.run_count = o.run_count AND j.state = v_running
+    RETURNING j.id, j.task, j.queue, j.state, j.attempt, j.run_at, j.args, j.errors,
+              j.has_dependents, o.dead_task, o.dead_queue),
+  dead AS (
+    INSERT INTO {{schema}}.jobs (task, queue, args)
+    SELECT d.dead_task, d.dead_queue,
+           jsonb_build_object('id', d.id::text, 'task', d.task, 'queue', d.queue, 'args', d.args,
+                              'errors', d.errors)
+      FROM done d
+     WHERE d.state = v_failed AND d.dead_task IS NOT NULL),
+  -- Per dependent, how many of its dependencies succeeded in this batch (0014).
+  counted AS (
+    SELECT e.job_id, count(*)::integer AS n
+      FROM done d JOIN {{schema}}.job_dependencies e ON e.depends_on = d.id
+     WHERE d.has_dependents AND d.state = v_succeeded
+     GROUP BY e.job_id),
+  -- Per offered queue, the first job already queued in claim order that this worker could
+  -- take: a dependent is handed only ahead of it (a flow does not jump the queue). In this
+  -- statement's snapshot the dependents it queues still wait, so none of them is found here.
+  firsts AS MATERIALIZED (
+    SELECT q.name, q.n, f.priority
+      FROM unnest(p_hand_queues, p_hand_slots) AS q(name, n)
+      LEFT JOIN LATERAL (
+        SELECT a.priority FROM {{schema}}.jobs a
+         WHERE a.state = 'queued' AND a.queue = q.name AND a.run_at <= now()
+           AND a.cancel_requested_at IS NULL
+           AND (a.expires_at IS NULL OR a.expires_at > now())
+           AND a.task = ANY (p_hand_tasks)
+           AND (a.limit_key IS NULL
+                OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = a.limit_key))
+         ORDER BY a.priority DESC, a.run_at, a.id
+         LIMIT 1) AS f ON true
+     WHERE p_hand_total > 0),
+  -- The dependents to hand: ready once counted down, claimable by the claim rule as they will
+  -- be once queued (run_at as the update below sets it), per queue up to its slots.
+  handing AS (
+    SELECT r.id FROM (
+      SELECT x.id, x.n,
+             row_number() OVER (PARTITION BY x.queue ORDER BY x.priority DESC, x.run_at, x.id)
+               AS rn,
+             row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id) AS total
+        FROM (
+          SELECT c.id, c.queue, c.priority, greatest(c.run_at, now()) AS run_at, q.n
+            FROM counted k
+            JOIN {{schema}}.jobs c ON c.id = k.job_id
+            JOIN firsts q ON q.name = c.queue
+           WHERE p_hand_total > 0 -- nothing offered: a one-time filter, nothing read
+             AND c.state = 'waiting' AND c.pending_deps <= k.n
+             AND c.run_at <= now()
+             AND c.cancel_requested_at IS NULL
+             AND (c.expires_at IS NULL OR c.expires_at > now())
+             AND c.task = ANY (p_hand_tasks)
+             AND (c.limit_key IS NULL
+                  OR NOT EXISTS (SELECT 1 FROM {{schema}}.limits l WHERE l.key = c.limit_key))
+             AND NOT EXISTS (SELECT 1 FROM {{schema}}.queue_pauses p WHERE p.queue = q.name)
+             AND (q.priority IS NULL OR c.priority > q.priority)) x) r
+     WHERE r.rn <= r.n AND r.total <= p_hand_total),
+  promoted AS (
+    UPDATE {{schema}}.jobs j SET
+      pending_deps = j.pending_deps - k.n,
+      state = CASE WHEN j.pending_deps > k.n THEN 'waiting'
+                   WHEN h.id IS NOT NULL AND j.cancel_requested_at IS NULL THEN v_running
+                   ELSE 'queued' END,
+      run_at = CASE WHEN j.pending_deps <= k.n
+                    THEN greatest(j.run_at, now()) ELSE j.run_at END,
+      -- The claim's SET, for a handed dependent only.
+      run_count = j.run_count
+        + (h.id IS NOT NULL AND j.pending_deps <= k.n AND j.cancel_requested_at IS NULL)::int,
+      worker_id = CASE WHEN h.id IS NOT NULL AND j.pending_deps <= k.n
+                            AND j.cancel_requested_at IS NULL
+                       THEN p_worker ELSE j.worker_id END,
+      started_at = CASE WHEN h.id IS NOT NULL AND j.pending_deps <= k.n
+                             AND j.cancel_requested_at IS NULL
+                        THEN now() ELSE j.started_at END
+      FROM counted k LEFT JOIN handing h ON h.id = k.job_id
+     WHERE j.id = k.job_id AND j.state = 'waiting'
+    RETURNING j.state AS new_state,
+              j.id::text AS id, j.task::text AS task, j.queue::text AS queue,
+              j.priority AS priority, j.attempt AS attempt, j.run_count AS run_count,
+              j.max_attempts AS max_attempts, j.snoozes AS snoozes,
+              date_part('epoch', j.run_at) * 1000 AS run_at,
+              date_part('epoch', j.expires_at) * 1000 AS expires_at,
+              j.unique_key::text AS unique_key, j.limit_key::text AS limit_key,
+              date_part('epoch', j.created_at) * 1000 AS created_at,
+              date_part('epoch', j.started_at) * 1000 AS started_at, j.args::jsonb AS args),
+  -- Always evaluated: the outer query reads it once, whatever the batch holds.
+  announced AS (
+    SELECT count(pg_notify(v_channel, q.queue)) AS n
+      FROM (SELECT DISTINCT p.queue FROM promoted p WHERE p.new_state = 'queued') q)
+  SELECT d.id::text, d.state, d.attempt, date_part('epoch', d.run_at) * 1000, d.has_dependents,
+         NULL::jsonb
+    FROM announced a, done d WHERE a.n >= 0
+  UNION ALL
+  SELECT h.id, v_running, h.attempt, h.run_at, NULL::boolean, to_jsonb(h) - 'new_state'
+    FROM promoted h WHERE h.new_state = v_running;
+  PERFORM set_config('akadze.outcome_settles', '', true);
 END
 $$;
