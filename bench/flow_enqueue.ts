@@ -1,8 +1,9 @@
-// Where a flow enqueue's time goes: the client's checks (`prepareFlow` and the JSON text) and
-// the SQL function `enqueue_flow`, for the fan-out and the DAG of `deno task bench --scenario
-// flows` (10,000 steps each), on a durable throwaway PostgreSQL. As there, every enqueue is the
-// first call on a fresh database and pool; prints the medians of the rounds. With `--explain`, the server
-// logs auto_explain plans of the function's statements (log_nested_statements) to
+// Where a flow enqueue's time goes, for the fan-out and the DAG of `deno task bench --scenario
+// flows` (10,000 steps each), on a durable throwaway PostgreSQL: `app.enqueueFlow` (the steps as
+// arrays to `enqueue_flow_steps`, 0019) beside the JSON path it replaced (`prepareFlow`, the steps'
+// JSON text, SQL `enqueue_flow`, 0018), each part timed. As in the bench, every enqueue is the
+// first call on a fresh database and pool; prints the medians of the rounds. With `--explain`, the
+// server logs auto_explain plans of the functions' statements (log_nested_statements) to
 // /tmp/flow_enqueue_explain/server.log.
 //
 //   deno run --allow-all bench/flow_enqueue.ts [--rounds 7] [--n 10000] [--explain]
@@ -91,10 +92,10 @@ try {
       }
     }
     result[shape] = {
-      prepareFlow_ms: median(times.prepare),
-      stringify_ms: median(times.stringify),
-      function_call_ms: median(times.sql),
-      enqueueFlow_ms: median(whole),
+      "enqueueFlow, ms": median(whole),
+      "JSON path: prepareFlow, ms": median(times.prepare),
+      "JSON.stringify, ms": median(times.stringify),
+      "enqueue_flow call, ms": median(times.sql),
     };
   }
   console.table(result);

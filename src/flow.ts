@@ -1,8 +1,9 @@
 /**
  * Flows: named steps, each a job of a task, with dependencies forming a DAG, enqueued
  * atomically (`app.enqueueFlow`). Each step is checked here as a single enqueue checks a
- * job; the SQL function `enqueue_flow` (migrations/0008_flows.sql) inserts them, with ids in
- * dependency order, in one call. A step with dependencies waits in state `waiting` until
+ * job; the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql) inserts
+ * them, with ids in dependency order, in one call (a running job's children go through
+ * `enqueue_flow`, migrations/0008_flows.sql, as SQL callers' flows do). A step with dependencies waits in state `waiting` until
  * they are terminal; the database's trigger queues it, or cancels it, in the transaction
  * that writes its last dependency's outcome.
  *
@@ -260,8 +261,9 @@ async function checkFlow(
 }
 
 /**
- * The flow enqueue: the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql),
- * which takes the steps as parallel arrays (see {@linkcode flowParams}).
+ * The flow enqueue: the SQL function `enqueue_flow_steps`
+ * (migrations/0019_flow_steps_hand_off.sql), which takes the steps as parallel arrays (see
+ * {@linkcode flowParams}) and returns their ids, comma-separated here.
  */
 function flowStatement(s: string): string {
   return `select pg_catalog.array_to_string(${s}.enqueue_flow_steps(
