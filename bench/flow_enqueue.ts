@@ -13,6 +13,7 @@ import { migrate } from "../admin.ts";
 import { prepareFlow } from "../src/flow.ts";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { flowShape } from "./peers/flow_shapes.mjs";
+import { cpuMs } from "./lib/proc.ts";
 
 const args = Deno.args;
 const flag = (name: string, fallback: number) => {
@@ -44,6 +45,14 @@ try {
     const { deps } = flowShape({ shape, n, layers: 20 });
     const times = { prepare: [] as number[], stringify: [] as number[], sql: [] as number[] };
     const whole: number[] = [];
+    // CPU time (client: this process; server: the enqueue's backend), less moved by a
+    // machine shared with other work than the wall time.
+    const cpu = {
+      json: [] as number[],
+      jsonServer: [] as number[],
+      steps: [] as number[],
+      stepsServer: [] as number[],
+    };
     for (let r = 0; r < rounds; r++) {
       // As the bench does: a fresh database, the flow enqueued once on a fresh pool.
       for (const mode of ["parts", "whole"]) {
@@ -52,14 +61,14 @@ try {
         const url = pg.url.replace(/\/postgres$/, `/${db}`);
         await migrate(url);
         const sql = postgres(url, {
-          max: 4,
+          max: 1,
           prepare: true,
           onnotice: () => {},
           connection: { jit: "off" },
         });
         const app = new Akadze({ sql });
         app.task("step", () => {});
-        await Promise.all(Array.from({ length: 4 }, () => sql`select 1`));
+        const [{ pid }] = await sql`select pg_backend_pid() as pid`;
         await sql`checkpoint`;
         const steps: Record<string, unknown> = {};
         deps.forEach((d, s) => {
@@ -68,6 +77,7 @@ try {
             : { task: "step", args: { s } };
         });
         let t = performance.now();
+        const [client0, server0] = [await cpuMs(), await cpuMs(pid)];
         if (mode === "parts") {
           // deno-lint-ignore no-explicit-any
           const ordered = await prepareFlow(app as any, steps as any);
@@ -82,10 +92,14 @@ try {
             { prepare: true },
           );
           times.sql.push(performance.now() - t);
+          cpu.json.push((await cpuMs()) - client0);
+          cpu.jsonServer.push((await cpuMs(pid)) - server0);
         } else {
           // deno-lint-ignore no-explicit-any
           await app.enqueueFlow(steps as any);
           whole.push(performance.now() - t);
+          cpu.steps.push((await cpuMs()) - client0);
+          cpu.stepsServer.push((await cpuMs(pid)) - server0);
         }
         await sql.end();
         await admin.unsafe(`drop database ${db}`);
@@ -96,6 +110,10 @@ try {
       "JSON path: prepareFlow, ms": median(times.prepare),
       "JSON.stringify, ms": median(times.stringify),
       "enqueue_flow call, ms": median(times.sql),
+      "CPU ms, enqueueFlow: client": median(cpu.steps),
+      "server": median(cpu.stepsServer),
+      "CPU ms, JSON path: client": median(cpu.json),
+      "server ": median(cpu.jsonServer),
     };
   }
   console.table(result);
