@@ -254,31 +254,42 @@ export function checkJob(
   target: EnqueueTarget,
   args: unknown,
   options: Omit<EnqueueOptions, "session">,
+  bases?: Map<EnqueueTarget, Base>,
 ): CheckedJob | Promise<CheckedJob> {
-  const base = checkOptions(target, options);
-  // A flow's steps mostly share their queue: its name is checked once.
-  if (base.queue !== lastQueueChecked) {
+  // `bases`: the options (the same for each call) checked once per target, for many jobs.
+  let base: Base;
+  const known = bases?.get(target);
+  if (known) base = { ...known };
+  else {
+    base = checkOptions(target, options);
     checkQueueName(base.queue, EnqueueError);
-    lastQueueChecked = base.queue;
+    bases?.set(target, { ...base });
   }
-  const finish = (checked: Record<string, unknown>): CheckedJob => {
-    const text = checkSize(
-      target,
-      JSON.stringify(checked),
-      host.maxArgsBytes ?? MAX_ARGS_BYTES,
-      undefined,
-    );
-    const job = base as CheckedJob;
-    job.args = checked;
-    job.text = text;
-    return job;
-  };
   const checked = checkArgs(target, args);
-  return checked instanceof Promise ? checked.then(finish) : finish(checked);
+  if (checked instanceof Promise) {
+    return checked.then((value) => withArgs(host, target, base, value));
+  }
+  return withArgs(host, target, base, checked);
 }
 
-/** The queue name {@linkcode checkJob} checked last (a valid one). */
-let lastQueueChecked: string | undefined;
+/** `base` with the checked arguments and their JSON text (refused over the size limit). */
+function withArgs(
+  host: EnqueueHost,
+  target: EnqueueTarget,
+  base: Base,
+  args: Record<string, unknown>,
+): CheckedJob {
+  const text = checkSize(
+    target,
+    JSON.stringify(args),
+    host.maxArgsBytes ?? MAX_ARGS_BYTES,
+    undefined,
+  );
+  const job = base as CheckedJob;
+  job.args = args;
+  job.text = text;
+  return job;
+}
 
 /**
  * Refuse arguments over `maxBytes` of JSON text before they reach the database (which

@@ -18,6 +18,7 @@ import {
   type TransactionSql,
 } from "./db.ts";
 import {
+  type Base,
   type CheckedJob,
   checkJob,
   type EnqueueHost,
@@ -242,10 +243,11 @@ async function checkFlow(
   // Whether each step comes after the steps it depends on (as most flows are written): then
   // the order given is the dependency order, and nothing is sorted.
   const position = new Map<string, number>();
+  const bases = new Map<EnqueueTarget, Base>();
   let sorted = true;
   for (let i = 0; i < names.length; i++) {
     const name = names[i];
-    const result = checkStep(host, name, steps[name], steps);
+    const result = checkStep(host, name, steps[name], steps, bases);
     const [step, stepDeps, text] = result instanceof Promise ? await result : result;
     checked[i] = step;
     deps.set(name, stepDeps);
@@ -378,21 +380,22 @@ function checkStep(
   name: string,
   step: FlowStep,
   steps: Record<string, FlowStep>,
+  bases: Map<EnqueueTarget, Base>,
 ): [SqlStep, string[], string] | Promise<[SqlStep, string[], string]> {
-  // Made only for an error: building it for each of thousands of steps costs.
-  const where = () => `step ${JSON.stringify(name)}`;
   if (name.length === 0 || name.length > 200) {
     throw new EnqueueError(`step names must be 1 to 200 characters, got ${JSON.stringify(name)}`);
   }
   if (!isPlainObject(step)) {
-    throw new EnqueueError(`${where()} must be an object: { task, args, dependsOn, ...options }`);
+    throw new EnqueueError(
+      `${where(name)} must be an object: { task, args, dependsOn, ...options }`,
+    );
   }
   let options: Record<string, unknown> | null = null;
   for (const key of Object.keys(step)) {
     if (key === "task" || key === "args" || key === "dependsOn") continue;
     if (!STEP_KEYS.has(key)) {
       throw new EnqueueError(
-        `${where()} has an unknown key "${key}" (keys: ${[...STEP_KEYS].join(", ")})`,
+        `${where(name)} has an unknown key "${key}" (keys: ${[...STEP_KEYS].join(", ")})`,
       );
     }
     (options ??= {})[key] = (step as unknown as Record<string, unknown>)[key];
@@ -405,24 +408,37 @@ function checkStep(
   if (!target) {
     throw new EnqueueError(
       typeof taskName === "string"
-        ? `${where()} runs task ${JSON.stringify(taskName)}, which this app does not have`
-        : `${where()} needs a task: a task of this app, or its name`,
+        ? `${where(name)} runs task ${JSON.stringify(taskName)}, which this app does not have`
+        : `${where(name)} needs a task: a task of this app, or its name`,
     );
   }
-  const failed = (error: unknown): never => {
-    if (error instanceof EnqueueError) {
-      throw new EnqueueError(`${where()}: ${error.message}; nothing of this flow was enqueued`);
-    }
-    throw error;
-  };
   let job: CheckedJob | Promise<CheckedJob>;
   try {
-    job = checkJob(host, target, args === undefined ? {} : args, options ?? NO_OPTIONS);
+    // A step without options of its own has its task's: checked once per task and flow.
+    job = options === null
+      ? checkJob(host, target, args === undefined ? {} : args, NO_OPTIONS, bases)
+      : checkJob(host, target, args === undefined ? {} : args, options);
   } catch (error) {
-    failed(error);
+    throw stepError(name, error);
   }
-  const finish = (job: CheckedJob) => stepOf(name, job, dependsOn, steps, where);
-  return job! instanceof Promise ? job.then(finish, failed) : finish(job!);
+  if (!(job instanceof Promise)) return stepOf(name, job, dependsOn, steps);
+  return job.then(
+    (job) => stepOf(name, job, dependsOn, steps),
+    (error) => {
+      throw stepError(name, error);
+    },
+  );
+}
+
+/** How an error message names step `name` (made only for an error). */
+function where(name: string): string {
+  return `step ${JSON.stringify(name)}`;
+}
+
+/** The error a step's failed check raises: an `EnqueueError` naming the step. */
+function stepError(name: string, error: unknown): unknown {
+  if (!(error instanceof EnqueueError)) return error;
+  return new EnqueueError(`${where(name)}: ${error.message}; nothing of this flow was enqueued`);
 }
 
 /** A step checked by {@linkcode checkStep}: its row, its dependencies, its arguments' text. */
@@ -431,7 +447,6 @@ function stepOf(
   job: CheckedJob,
   dependsOn: FlowStep["dependsOn"],
   steps: Record<string, FlowStep>,
-  where: () => string,
 ): [SqlStep, string[], string] {
   const out: SqlStep = {
     name,
@@ -450,7 +465,7 @@ function stepOf(
   if (dependsOn !== undefined) {
     if (!Array.isArray(dependsOn)) {
       throw new EnqueueError(
-        `${where()}: dependsOn must be an array of step names or { step } / { job } objects`,
+        `${where(name)}: dependsOn must be an array of step names or { step } / { job } objects`,
       );
     }
     const dependencies: NonNullable<SqlStep["depends_on"]> = out.depends_on = [];
@@ -466,21 +481,23 @@ function stepOf(
         const d = dep as { step?: unknown; job?: unknown; onFailure?: unknown };
         if (!isPlainObject(d) || (d.step === undefined) === (d.job === undefined)) {
           throw new EnqueueError(
-            `${where()}: each dependency is a step name, { step: name } or { job: id }, ` +
+            `${where(name)}: each dependency is a step name, { step: name } or { job: id }, ` +
               "with an optional onFailure",
           );
         }
         for (const key of Object.keys(d)) {
           if (key !== "step" && key !== "job" && key !== "onFailure") {
             throw new EnqueueError(
-              `${where()}: a dependency has an unknown key "${key}" (keys: step, job, onFailure)`,
+              `${
+                where(name)
+              }: a dependency has an unknown key "${key}" (keys: step, job, onFailure)`,
             );
           }
         }
         onFailure = d.onFailure ?? "cancel";
         if (!ON_FAILURE.includes(onFailure as OnDependencyFailure)) {
           throw new EnqueueError(
-            `${where()}: onFailure must be ${ON_FAILURE.map((p) => `"${p}"`).join(", ")}, got ${
+            `${where(name)}: onFailure must be ${ON_FAILURE.map((p) => `"${p}"`).join(", ")}, got ${
               JSON.stringify(onFailure)
             }`,
           );
@@ -492,11 +509,13 @@ function stepOf(
       if (stepName !== undefined) {
         if (typeof stepName !== "string" || !Object.hasOwn(steps, stepName)) {
           throw new EnqueueError(
-            `${where()} depends on ${JSON.stringify(stepName)}, which is not a step of this flow`,
+            `${where(name)} depends on ${
+              JSON.stringify(stepName)
+            }, which is not a step of this flow`,
           );
         }
         if (seenSteps ? seenSteps.has(stepName) : stepDeps.includes(stepName)) {
-          throw new EnqueueError(`${where()} lists the dependency ${stepName} twice`);
+          throw new EnqueueError(`${where(name)} lists the dependency ${stepName} twice`);
         }
         seenSteps?.add(stepName);
         stepDeps.push(stepName);
@@ -505,11 +524,11 @@ function stepOf(
         const id = typeof jobId === "string" || typeof jobId === "number" ? String(jobId) : "";
         if (!/^[1-9][0-9]{0,18}$/.test(id)) {
           throw new EnqueueError(
-            `${where()} depends on job ${JSON.stringify(jobId)}, which is not a job id`,
+            `${where(name)} depends on job ${JSON.stringify(jobId)}, which is not a job id`,
           );
         }
         if ((seenJobs ??= new Set()).has(id)) {
-          throw new EnqueueError(`${where()} lists job ${id} twice`);
+          throw new EnqueueError(`${where(name)} lists job ${id} twice`);
         }
         seenJobs.add(id);
         dependencies.push({ job: id, on_failure: policy });
