@@ -73,23 +73,32 @@ export function serializeArray(
   if (Array.isArray(value[0])) {
     return `{${value.map((x) => serializeArray(x, serialize, options)).join(",")}}`;
   }
-  return `{${
-    value.map((item) => {
-      let x = item;
-      if (x === undefined) {
-        x = options.transform?.undefined;
-        if (x === undefined) throw new TypeError("undefined values are not allowed in an array");
-      }
-      if (x === null) return "null";
-      // postgres.js's typed parameters (sql.typed, sql.json) carry their value.
-      const plain = typeof x === "object" && "type" in x && "value" in x
-        ? (x as { value: unknown }).value
-        : x;
-      const text = String(serialize ? serialize(plain) : plain);
-      return `"${text.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
-    }).join(",")
-  }}`;
+  // A loop and one test per element: arrays of thousands of elements (a flow's steps).
+  const parts = new Array<string>(value.length);
+  for (let i = 0; i < value.length; i++) {
+    let x = value[i];
+    if (x === undefined) {
+      x = options.transform?.undefined;
+      if (x === undefined) throw new TypeError("undefined values are not allowed in an array");
+    }
+    if (x === null) {
+      parts[i] = "null";
+      continue;
+    }
+    // postgres.js's typed parameters (sql.typed, sql.json) carry their value.
+    const plain = typeof x === "object" && "type" in x && "value" in x
+      ? (x as { value: unknown }).value
+      : x;
+    const text = String(serialize ? serialize(plain) : plain);
+    parts[i] = NEEDS_ESCAPE.test(text)
+      ? `"${text.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`
+      : `"${text}"`;
+  }
+  return `{${parts.join(",")}}`;
 }
+
+/** A character that a quoted array element escapes. */
+const NEEDS_ESCAPE = /["\\]/;
 
 /**
  * A PostgreSQL array's text form (`{a,"b c",NULL}`, nested for more dimensions) as a JS

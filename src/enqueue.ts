@@ -246,24 +246,49 @@ export interface CheckedJob extends Base {
 
 /**
  * Check one job's options and arguments as {@linkcode enqueueJobs} does (the steps of a
- * flow are checked so); throws `EnqueueError`.
+ * flow are checked so); throws `EnqueueError`. Synchronous (no promise to wait for) when the
+ * task has no args schema: a flow of thousands of steps would wait a turn for each.
  */
-export async function checkJob(
+export function checkJob(
   host: EnqueueHost,
   target: EnqueueTarget,
   args: unknown,
   options: Omit<EnqueueOptions, "session">,
-): Promise<CheckedJob> {
-  const base = checkOptions(target, options);
-  checkQueueName(base.queue, EnqueueError);
-  const checked = await checkArgs(target, args);
+  bases?: Map<EnqueueTarget, Base>,
+): CheckedJob | Promise<CheckedJob> {
+  // `bases`: the options (the same for each call) checked once per target, for many jobs.
+  let base: Base;
+  const known = bases?.get(target);
+  if (known) base = { ...known };
+  else {
+    base = checkOptions(target, options);
+    checkQueueName(base.queue, EnqueueError);
+    bases?.set(target, { ...base });
+  }
+  const checked = checkArgs(target, args);
+  if (checked instanceof Promise) {
+    return checked.then((value) => withArgs(host, target, base, value));
+  }
+  return withArgs(host, target, base, checked);
+}
+
+/** `base` with the checked arguments and their JSON text (refused over the size limit). */
+function withArgs(
+  host: EnqueueHost,
+  target: EnqueueTarget,
+  base: Base,
+  args: Record<string, unknown>,
+): CheckedJob {
   const text = checkSize(
     target,
-    JSON.stringify(checked),
+    JSON.stringify(args),
     host.maxArgsBytes ?? MAX_ARGS_BYTES,
     undefined,
   );
-  return { ...base, args: checked, text };
+  const job = base as CheckedJob;
+  job.args = args;
+  job.text = text;
+  return job;
 }
 
 /**

@@ -1,8 +1,9 @@
 /**
  * Flows: named steps, each a job of a task, with dependencies forming a DAG, enqueued
  * atomically (`app.enqueueFlow`). Each step is checked here as a single enqueue checks a
- * job; the SQL function `enqueue_flow` (migrations/0008_flows.sql) inserts them, with ids in
- * dependency order, in one call. A step with dependencies waits in state `waiting` until
+ * job; the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql) inserts
+ * them, with ids in dependency order, in one call (a running job's children go through
+ * `enqueue_flow`, migrations/0008_flows.sql, as SQL callers' flows do). A step with dependencies waits in state `waiting` until
  * they are terminal; the database's trigger queues it, or cancels it, in the transaction
  * that writes its last dependency's outcome.
  *
@@ -17,6 +18,7 @@ import {
   type TransactionSql,
 } from "./db.ts";
 import {
+  type Base,
   type CheckedJob,
   checkJob,
   type EnqueueHost,
@@ -139,7 +141,7 @@ export async function enqueueFlow(
       throw new EnqueueError(`unknown flow option "${key}" (options: session)`);
     }
   }
-  const ordered = await prepareFlow(host, steps);
+  const { ordered, texts } = await checkFlow(host, steps);
   if (host.hooks.onEnqueue.length > 0 && isNodePostgres(options.session)) {
     throw new EnqueueError(
       "cannot enqueue a flow on a node-postgres session: this app has onEnqueue hooks, which " +
@@ -148,21 +150,20 @@ export async function enqueueFlow(
     );
   }
   const s = quoteSchema(host.schema);
-  const text = `select step, id::pg_catalog.text as id from ${s}.enqueue_flow(
-      $1::pg_catalog.text::pg_catalog.jsonb, null, $2::pg_catalog.text::pg_catalog.jsonb)`;
-  // The trace context (JSON text) is the enqueue span's, set below when tracing is on.
-  const params: (string | null)[] = [JSON.stringify(ordered), null];
+  const text = flowStatement(s);
+  // The trace context (JSON text, the last parameter) is the enqueue span's, set below when
+  // tracing is on.
+  const params = flowParams(ordered, texts);
+  const traceAt = params.length - 1;
   const hooks = host.hooks.onEnqueue;
-  const run = async (
-    tx: Sql | TransactionSql | NodePostgresClient,
-  ): Promise<Record<string, unknown>[]> => {
-    const rows = isNodePostgres(tx)
+  // The steps' job ids, in the order of `ordered`.
+  const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
+    const [row] = isNodePostgres(tx)
       ? (await tx.query(text, params)).rows as Record<string, unknown>[]
-      : await tx.unsafe(text, params, PREPARED);
-    if (hooks.length === 0) return rows;
-    const ids = rows.map((r) => r.id as string);
-    const stepOf = new Map(rows.map((r) => [r.id as string, r.step as string]));
-    const byName = new Map((ordered as SqlStep[]).map((step) => [step.name, step]));
+      : await tx.unsafe(text, params as never, PREPARED);
+    const ids = (row.ids as string).split(",");
+    if (hooks.length === 0) return ids;
+    const stepOf = new Map(ids.map((id, i) => [id, ordered[i]]));
     // The columns an enqueue reads back (the enqueue role's grant); the rest are the steps'.
     const inserted = await (tx as TransactionSql).unsafe(
       `select id::pg_catalog.text as id, run_at, expires_at, args::pg_catalog.jsonb as args
@@ -170,7 +171,7 @@ export async function enqueueFlow(
       [`{${ids.join(",")}}`],
     );
     for (const row of inserted) {
-      const step = byName.get(stepOf.get(row.id)!)!;
+      const step = stepOf.get(row.id)!;
       const job: EnqueuedJob = {
         id: row.id,
         task: step.task,
@@ -185,30 +186,30 @@ export async function enqueueFlow(
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);
     }
-    return rows;
+    return ids;
   };
   const session = options.session ?? host.sql;
-  let rows: Record<string, unknown>[] = [];
+  let ids: string[] = [];
   const distinct = (key: "task" | "queue") =>
-    [...new Set((ordered as SqlStep[]).map((step) => step[key]))].join(",");
+    [...new Set(ordered.map((step) => step[key]))].join(",");
   const target = { task: distinct("task"), queue: distinct("queue"), count: ordered.length };
   try {
     await tracePublish(target, async (traceContext) => {
-      params[1] = traceContext;
-      rows = await explainMissingSchema(
+      params[traceAt] = traceContext;
+      ids = await explainMissingSchema(
         host.schema,
         () => hooks.length === 0 ? run(session) : atomically(session as Sql, run),
         EnqueueError,
         "cannot enqueue this flow: ",
       );
-      return rows.map((row) => row.id as string);
+      return ids;
     });
   } catch (error) {
     throw flowError(error);
   }
   const jobs: Record<string, string> = {};
-  for (const row of rows) jobs[row.step as string] = row.id as string;
-  return { id: jobs[(ordered[0] as SqlStep).name], jobs };
+  for (let i = 0; i < ids.length; i++) jobs[ordered[i].name] = ids[i];
+  return { id: ids[0], jobs };
 }
 
 /**
@@ -219,20 +220,140 @@ export async function prepareFlow(
   host: FlowHost,
   steps: Record<string, FlowStep>,
 ): Promise<unknown[]> {
+  return (await checkFlow(host, steps)).ordered;
+}
+
+/**
+ * The steps of `steps` checked, in dependency order (see {@linkcode prepareFlow}), and each
+ * step's arguments as JSON text, by name (the checks' own, not made again).
+ */
+async function checkFlow(
+  host: FlowHost,
+  steps: Record<string, FlowStep>,
+): Promise<{ ordered: SqlStep[]; texts: Map<string, string> }> {
   if (!isPlainObject(steps) || Object.keys(steps).length === 0) {
     throw new EnqueueError(
       "a flow is an object of named steps, e.g. { fetch: { task: fetch, args: { url } } }",
     );
   }
   const names = Object.keys(steps);
-  const checked = new Map<string, SqlStep>();
+  const checked: SqlStep[] = new Array(names.length);
   const deps = new Map<string, string[]>();
-  for (const name of names) {
-    const [step, stepDeps] = await checkStep(host, name, steps[name], steps);
-    checked.set(name, step);
+  const texts = new Map<string, string>();
+  // Whether each step comes after the steps it depends on (as most flows are written): then
+  // the order given is the dependency order, and nothing is sorted.
+  const position = new Map<string, number>();
+  const bases = new Map<EnqueueTarget, Base>();
+  let sorted = true;
+  for (let i = 0; i < names.length; i++) {
+    const name = names[i];
+    const result = checkStep(host, name, steps[name], steps, bases);
+    const [step, stepDeps, text] = result instanceof Promise ? await result : result;
+    checked[i] = step;
     deps.set(name, stepDeps);
+    texts.set(name, text);
+    for (let k = 0; k < stepDeps.length && sorted; k++) {
+      if (!(position.get(stepDeps[k])! < i)) sorted = false;
+    }
+    position.set(name, i);
   }
-  return dependencyOrder(names, deps).map((name) => checked.get(name)!);
+  if (sorted) return { ordered: checked, texts };
+  const byName = new Map(checked.map((step) => [step.name, step]));
+  return { ordered: dependencyOrder(names, deps).map((name) => byName.get(name)!), texts };
+}
+
+/**
+ * The flow enqueue: the SQL function `enqueue_flow_steps`
+ * (migrations/0019_flow_steps_hand_off.sql), which takes the steps as parallel arrays (see
+ * {@linkcode flowParams}) and returns their ids, comma-separated here.
+ */
+function flowStatement(s: string): string {
+  return `select pg_catalog.array_to_string(${s}.enqueue_flow_steps(
+      $1::pg_catalog.text[], $2::pg_catalog.text[], $3::pg_catalog.text[],
+      $4::pg_catalog.int4[], $5::pg_catalog.int4[], $6::pg_catalog.text,
+      $7::pg_catalog.timestamptz[], $8::pg_catalog.float8[], $9::pg_catalog.timestamptz[],
+      $10::pg_catalog.text[], $11::pg_catalog.text[], $12::pg_catalog.int4[],
+      $13::pg_catalog.int4[], $14::pg_catalog.int8[], $15::pg_catalog.text[], null,
+      $16::pg_catalog.text::pg_catalog.jsonb), ',') as ids`;
+}
+
+/**
+ * The parameters of {@linkcode flowStatement}: one array element per step, in dependency
+ * order (an optional column none of the steps sets is one null), the arguments as one JSON
+ * array of their texts, the dependencies as four arrays (the step's position, the position of
+ * the step it depends on or the existing job's id, the failure policy), and the trace context
+ * (null here).
+ */
+function flowParams(ordered: readonly SqlStep[], texts: ReadonlyMap<string, string>): unknown[] {
+  const n = ordered.length;
+  const position = new Map<string, number>();
+  const columns = {
+    names: new Array<string>(n),
+    tasks: new Array<string>(n),
+    queues: new Array<string>(n),
+    priorities: new Array<number>(n),
+    maxAttempts: new Array<number>(n),
+    args: new Array<string>(n),
+    runAt: new Array<string | null>(n),
+    delayMs: new Array<number | null>(n),
+    expiresAt: new Array<string | null>(n),
+    uniqueKeys: new Array<string | null>(n),
+    limitKeys: new Array<string | null>(n),
+  };
+  const depStep: number[] = [];
+  const depOn: (number | null)[] = [];
+  const depJob: (string | null)[] = [];
+  const depPolicy: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const step = ordered[i];
+    position.set(step.name, i + 1);
+    columns.names[i] = step.name;
+    columns.tasks[i] = step.task;
+    columns.queues[i] = step.queue;
+    columns.priorities[i] = step.priority;
+    columns.maxAttempts[i] = step.max_attempts;
+    columns.args[i] = texts.get(step.name)!;
+    columns.runAt[i] = step.run_at ?? null;
+    columns.delayMs[i] = step.delay_ms ?? null;
+    columns.expiresAt[i] = step.expires_at ?? null;
+    columns.uniqueKeys[i] = step.unique_key ?? null;
+    columns.limitKeys[i] = step.limit_key ?? null;
+    for (const dep of step.depends_on ?? []) {
+      depStep.push(i + 1);
+      // In dependency order: a step's dependencies have their positions already.
+      if ("step" in dep) {
+        depOn.push(position.get(dep.step)!);
+        depJob.push(null);
+      } else {
+        depOn.push(null);
+        depJob.push(dep.job);
+      }
+      depPolicy.push(dep.on_failure);
+    }
+  }
+  return [
+    columns.names,
+    columns.tasks,
+    columns.queues,
+    columns.priorities,
+    columns.maxAttempts,
+    `[${columns.args.join(",")}]`,
+    nullIfAllNull(columns.runAt),
+    nullIfAllNull(columns.delayMs),
+    nullIfAllNull(columns.expiresAt),
+    nullIfAllNull(columns.uniqueKeys),
+    nullIfAllNull(columns.limitKeys),
+    depStep,
+    depOn,
+    depJob,
+    depPolicy,
+    null,
+  ];
+}
+
+/** `values`, or null when every element is null (the function reads that as none set). */
+function nullIfAllNull<T>(values: (T | null)[]): (T | null)[] | null {
+  return values.every((v) => v === null) ? null : values;
 }
 
 /** The database's refusal of a flow as the error a single enqueue would raise. */
@@ -246,28 +367,40 @@ export function flowError(error: unknown): unknown {
   return error;
 }
 
-/** Check one step; returns it in the SQL function's shape and the steps it depends on. */
-async function checkStep(
+/** Options of a step that has none but its task, arguments and dependencies. */
+const NO_OPTIONS: Omit<EnqueueOptions, "session"> = Object.freeze({});
+
+/**
+ * Check one step; returns it in the SQL function's shape, the steps it depends on and its
+ * arguments' JSON text. Synchronous unless the task's args schema is (a flow of thousands of
+ * steps would otherwise wait a turn for each).
+ */
+function checkStep(
   host: FlowHost,
   name: string,
   step: FlowStep,
   steps: Record<string, FlowStep>,
-): Promise<[SqlStep, string[]]> {
-  const where = `step ${JSON.stringify(name)}`;
+  bases: Map<EnqueueTarget, Base>,
+): [SqlStep, string[], string] | Promise<[SqlStep, string[], string]> {
   if (name.length === 0 || name.length > 200) {
     throw new EnqueueError(`step names must be 1 to 200 characters, got ${JSON.stringify(name)}`);
   }
   if (!isPlainObject(step)) {
-    throw new EnqueueError(`${where} must be an object: { task, args, dependsOn, ...options }`);
+    throw new EnqueueError(
+      `${where(name)} must be an object: { task, args, dependsOn, ...options }`,
+    );
   }
+  let options: Record<string, unknown> | null = null;
   for (const key of Object.keys(step)) {
+    if (key === "task" || key === "args" || key === "dependsOn") continue;
     if (!STEP_KEYS.has(key)) {
       throw new EnqueueError(
-        `${where} has an unknown key "${key}" (keys: ${[...STEP_KEYS].join(", ")})`,
+        `${where(name)} has an unknown key "${key}" (keys: ${[...STEP_KEYS].join(", ")})`,
       );
     }
+    (options ??= {})[key] = (step as unknown as Record<string, unknown>)[key];
   }
-  const { task: taskOrName, args, dependsOn, ...options } = step;
+  const { task: taskOrName, args, dependsOn } = step;
   const taskName = typeof taskOrName === "string"
     ? taskOrName
     : (taskOrName as { name?: unknown } | undefined)?.name;
@@ -275,19 +408,46 @@ async function checkStep(
   if (!target) {
     throw new EnqueueError(
       typeof taskName === "string"
-        ? `${where} runs task ${JSON.stringify(taskName)}, which this app does not have`
-        : `${where} needs a task: a task of this app, or its name`,
+        ? `${where(name)} runs task ${JSON.stringify(taskName)}, which this app does not have`
+        : `${where(name)} needs a task: a task of this app, or its name`,
     );
   }
-  let job: CheckedJob;
+  let job: CheckedJob | Promise<CheckedJob>;
   try {
-    job = await checkJob(host, target, args === undefined ? {} : args, options);
+    // A step without options of its own has its task's: checked once per task and flow.
+    job = options === null
+      ? checkJob(host, target, args === undefined ? {} : args, NO_OPTIONS, bases)
+      : checkJob(host, target, args === undefined ? {} : args, options);
   } catch (error) {
-    if (error instanceof EnqueueError) {
-      throw new EnqueueError(`${where}: ${error.message}; nothing of this flow was enqueued`);
-    }
-    throw error;
+    throw stepError(name, error);
   }
+  if (!(job instanceof Promise)) return stepOf(name, job, dependsOn, steps);
+  return job.then(
+    (job) => stepOf(name, job, dependsOn, steps),
+    (error) => {
+      throw stepError(name, error);
+    },
+  );
+}
+
+/** How an error message names step `name` (made only for an error). */
+function where(name: string): string {
+  return `step ${JSON.stringify(name)}`;
+}
+
+/** The error a step's failed check raises: an `EnqueueError` naming the step. */
+function stepError(name: string, error: unknown): unknown {
+  if (!(error instanceof EnqueueError)) return error;
+  return new EnqueueError(`${where(name)}: ${error.message}; nothing of this flow was enqueued`);
+}
+
+/** A step checked by {@linkcode checkStep}: its row, its dependencies, its arguments' text. */
+function stepOf(
+  name: string,
+  job: CheckedJob,
+  dependsOn: FlowStep["dependsOn"],
+  steps: Record<string, FlowStep>,
+): [SqlStep, string[], string] {
   const out: SqlStep = {
     name,
     task: job.task,
@@ -305,60 +465,77 @@ async function checkStep(
   if (dependsOn !== undefined) {
     if (!Array.isArray(dependsOn)) {
       throw new EnqueueError(
-        `${where}: dependsOn must be an array of step names or { step } / { job } objects`,
+        `${where(name)}: dependsOn must be an array of step names or { step } / { job } objects`,
       );
     }
-    out.depends_on = [];
-    const seen = new Set<string>();
+    const dependencies: NonNullable<SqlStep["depends_on"]> = out.depends_on = [];
+    // A set only for a long list (a fan-in's): most steps list one or two.
+    const seenSteps = dependsOn.length > 8 ? new Set<string>() : null;
+    let seenJobs: Set<string> | undefined;
     for (const dep of dependsOn) {
-      const d = typeof dep === "string" ? { step: dep } : dep;
-      if (!isPlainObject(d) || (d.step === undefined) === (d.job === undefined)) {
-        throw new EnqueueError(
-          `${where}: each dependency is a step name, { step: name } or { job: id }, ` +
-            "with an optional onFailure",
-        );
-      }
-      for (const key of Object.keys(d)) {
-        if (key !== "step" && key !== "job" && key !== "onFailure") {
+      // A step name, the common case: no object to make and look into.
+      let stepName: unknown = dep;
+      let onFailure: unknown = "cancel";
+      let jobId: unknown = undefined;
+      if (typeof dep !== "string") {
+        const d = dep as { step?: unknown; job?: unknown; onFailure?: unknown };
+        if (!isPlainObject(d) || (d.step === undefined) === (d.job === undefined)) {
           throw new EnqueueError(
-            `${where}: a dependency has an unknown key "${key}" (keys: step, job, onFailure)`,
+            `${where(name)}: each dependency is a step name, { step: name } or { job: id }, ` +
+              "with an optional onFailure",
           );
         }
-      }
-      const onFailure = d.onFailure ?? "cancel";
-      if (!ON_FAILURE.includes(onFailure)) {
-        throw new EnqueueError(
-          `${where}: onFailure must be ${ON_FAILURE.map((p) => `"${p}"`).join(", ")}, got ${
-            JSON.stringify(onFailure)
-          }`,
-        );
-      }
-      if (d.step !== undefined) {
-        if (typeof d.step !== "string" || !Object.hasOwn(steps, d.step)) {
+        for (const key of Object.keys(d)) {
+          if (key !== "step" && key !== "job" && key !== "onFailure") {
+            throw new EnqueueError(
+              `${
+                where(name)
+              }: a dependency has an unknown key "${key}" (keys: step, job, onFailure)`,
+            );
+          }
+        }
+        onFailure = d.onFailure ?? "cancel";
+        if (!ON_FAILURE.includes(onFailure as OnDependencyFailure)) {
           throw new EnqueueError(
-            `${where} depends on ${JSON.stringify(d.step)}, which is not a step of this flow`,
+            `${where(name)}: onFailure must be ${ON_FAILURE.map((p) => `"${p}"`).join(", ")}, got ${
+              JSON.stringify(onFailure)
+            }`,
           );
         }
-        if (seen.has(`s:${d.step}`)) {
-          throw new EnqueueError(`${where} lists the dependency ${d.step} twice`);
+        stepName = d.step;
+        jobId = d.job;
+      }
+      const policy = onFailure as OnDependencyFailure;
+      if (stepName !== undefined) {
+        if (typeof stepName !== "string" || !Object.hasOwn(steps, stepName)) {
+          throw new EnqueueError(
+            `${where(name)} depends on ${
+              JSON.stringify(stepName)
+            }, which is not a step of this flow`,
+          );
         }
-        seen.add(`s:${d.step}`);
-        stepDeps.push(d.step);
-        out.depends_on.push({ step: d.step, on_failure: onFailure });
+        if (seenSteps ? seenSteps.has(stepName) : stepDeps.includes(stepName)) {
+          throw new EnqueueError(`${where(name)} lists the dependency ${stepName} twice`);
+        }
+        seenSteps?.add(stepName);
+        stepDeps.push(stepName);
+        dependencies.push({ step: stepName, on_failure: policy });
       } else {
-        const id = typeof d.job === "string" || typeof d.job === "number" ? String(d.job) : "";
+        const id = typeof jobId === "string" || typeof jobId === "number" ? String(jobId) : "";
         if (!/^[1-9][0-9]{0,18}$/.test(id)) {
           throw new EnqueueError(
-            `${where} depends on job ${JSON.stringify(d.job)}, which is not a job id`,
+            `${where(name)} depends on job ${JSON.stringify(jobId)}, which is not a job id`,
           );
         }
-        if (seen.has(`j:${id}`)) throw new EnqueueError(`${where} lists job ${id} twice`);
-        seen.add(`j:${id}`);
-        out.depends_on.push({ job: id, on_failure: onFailure });
+        if ((seenJobs ??= new Set()).has(id)) {
+          throw new EnqueueError(`${where(name)} lists job ${id} twice`);
+        }
+        seenJobs.add(id);
+        dependencies.push({ job: id, on_failure: policy });
       }
     }
   }
-  return [out, stepDeps];
+  return [out, stepDeps, job.text];
 }
 
 /**
@@ -369,6 +546,19 @@ export function dependencyOrder(
   names: readonly string[],
   deps: ReadonlyMap<string, readonly string[]>,
 ): string[] {
+  // Given in dependency order already (as most flows are written): nothing to sort.
+  const position = new Map<string, number>();
+  let sorted = true;
+  for (let i = 0; i < names.length && sorted; i++) {
+    for (const dep of deps.get(names[i]) ?? []) {
+      if (!(position.get(dep)! < i)) {
+        sorted = false;
+        break;
+      }
+    }
+    position.set(names[i], i);
+  }
+  if (sorted) return [...names];
   const order: string[] = [];
   const state = new Map<string, "visiting" | "done">();
   for (const root of names) {

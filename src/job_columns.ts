@@ -4,7 +4,7 @@
  *
  * - `claim`: what a claim returns (every claim path, and the `claim_one` and
  *   `claim_one_floor` functions of migrations 0001 and 0004, in this order, and the jobs the
- *   outcome write hands over, by name, in migration 0016: tests/job_columns_test.ts compares
+ *   outcome write hands over, by name, in migration 0019: tests/job_columns_test.ts compares
  *   them), decoded by name by {@linkcode decodeClaimed};
  * - `row`: what the worker reads of a job whose state it changed (`JobRow`, worker/job_row.ts);
  * - `info`: the `JobInfo` given to hooks and handlers, made from a `row`;

@@ -22,6 +22,9 @@ import flowSpeed from "../migrations/0014_flow_speed.sql" with { type: "text" };
 import uniqueKeyModes from "../migrations/0015_unique_key_modes.sql" with { type: "text" };
 import handOff from "../migrations/0016_hand_off.sql" with { type: "text" };
 import flowTraceContext from "../migrations/0018_flow_trace_context.sql" with { type: "text" };
+import flowStepsHandOff from "../migrations/0019_flow_steps_hand_off.sql" with {
+  type: "text",
+};
 import limitHandOff from "../migrations/0020_limit_hand_off.sql" with { type: "text" };
 import {
   connect,
@@ -71,6 +74,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0015_unique_key_modes", sql: uniqueKeyModes },
   { version: "0016_hand_off", sql: handOff },
   { version: "0018_flow_trace_context", sql: flowTraceContext },
+  { version: "0019_flow_steps_hand_off", sql: flowStepsHandOff },
   { version: "0020_limit_hand_off", sql: limitHandOff },
 ];
 

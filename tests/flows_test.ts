@@ -351,6 +351,69 @@ Deno.test("SQL enqueue_flow takes steps in any order and refuses a cycle with 22
   });
 });
 
+Deno.test("SQL enqueue_flow_steps (app.enqueueFlow's, 0019) refuses what enqueue_flow refuses, nothing inserted", async () => {
+  await withApp("flows_sql_steps", async (app, sql) => {
+    app.task("ok", () => 1);
+    /** Call it with two steps "a" and "b" (b after a), `deps` of b, and `change`d arrays. */
+    const call = (deps: unknown[][], change: Record<number, unknown> = {}) => {
+      const params: unknown[] = [
+        ["a", "b"],
+        ["ok", "ok"],
+        ["default", "default"],
+        [0, 0],
+        [3, 3],
+        '[{"n":1},{}]',
+        null,
+        null,
+        null,
+        null,
+        null,
+        deps.map((d) => d[0]),
+        deps.map((d) => d[1]),
+        deps.map((d) => d[2]),
+        deps.map((d) => d[3]),
+      ];
+      for (const [i, value] of Object.entries(change)) params[Number(i)] = value;
+      return sql.unsafe(
+        `select unnest(akadze.enqueue_flow_steps($1::text[], $2::text[],
+           $3::text[], $4::int4[], $5::int4[], $6::text, $7::timestamptz[], $8::float8[],
+           $9::timestamptz[], $10::text[], $11::text[], $12::int4[], $13::int4[], $14::int8[],
+           $15::text[]))::text as id`,
+        params as never,
+      );
+    };
+    const refused = async (deps: unknown[][], change: Record<number, unknown>, part: string) => {
+      const error = await assertRejects(() => call(deps, change)) as { message: string };
+      assert(error.message.includes(part), `${part}: ${error.message}`);
+    };
+    const rows = await call([[2, 1, null, "ignore"]]);
+    assertEquals(rows.length, 2);
+    const [a] = await sql`select step from akadze.jobs where id = ${rows[0].id}`;
+    assertEquals(a.step, "a");
+    const [b] = await sql`select state, pending_deps, args from akadze.jobs where id = ${
+      rows[1].id
+    }`;
+    assertEquals([b.state, b.pending_deps, b.args], ["waiting", 1, {}]);
+    await refused([[2, 2, null, null]], {}, "does not come before it");
+    await refused([[1, 2, null, null]], {}, "does not come before it");
+    await refused([[2, 1, 5, null]], {}, "neither a step nor an existing job");
+    await refused([[2, 1, null, "maybe"]], {}, '"on_failure"');
+    await refused([[2, 1, null, null], [2, 1, null, "ignore"]], {}, "the same dependency twice");
+    await refused([], { 0: ["a", "a"] }, "two steps named");
+    await refused([], { 2: ["default", "bad queue"] }, '"queue"');
+    await refused([], { 3: [0, 40000] }, '"priority"');
+    await refused([], { 5: '[{"n":1}]' }, "one object per step");
+    await refused([], { 5: '[{"n":1}, 2]' }, "must be a JSON object");
+    await refused([], { 1: ["ok"] }, "one element per step");
+    await refused([], { 7: [1, 2], 6: [null, "2030-01-01T00:00:00Z"] }, "cannot both be set");
+    const missing = await assertRejects(() => call([[2, null, 424242, null]])) as {
+      code?: string;
+    };
+    assertEquals(missing.code, "23503");
+    assertEquals(await countJobs(sql), 2);
+  });
+});
+
 Deno.test("dependencyOrder keeps the given order when it is one, and names a cycle", () => {
   const deps = new Map([["c", ["a", "b"]], ["b", ["a"]]]);
   assertEquals(dependencyOrder(["a", "b", "c"], deps), ["a", "b", "c"]);

@@ -70,25 +70,45 @@ Deno.test("claim_one_checked (0020) returns the claim columns, then its answer o
   });
 });
 
-Deno.test("the hand-off of complete_jobs (0016) claims by the claim rule and returns the claim columns, by name", async () => {
+Deno.test("the hand-off of complete_jobs (0019) claims by the claim rule and returns the claim columns, by name", async () => {
   await withDatabase("job_columns_hand_off", async (_db, sql) => {
     const s = quoteSchema("akadze");
     const [f] = await sql`
       select p.prosrc as body from pg_proc p join pg_namespace n on n.oid = p.pronamespace
        where n.nspname = 'akadze' and p.proname = 'complete_jobs' and p.pronargs = 13`;
     const body = f.body as string;
-    // The handed jobs: the claim's SET, and its values named as decodeClaimed reads them.
-    assertEquals(occurrences(body, `set ${claimSet("p_worker")}`), 1, "its SET");
-    const returning = /returning (j\.id::text as id.*?\bas args)\)/.exec(normalize(body))?.[1];
+    // The handed jobs: each part of the claim's SET, given to a handed dependent only (its
+    // update from waiting to running is the one that counts it down), and its values named as
+    // decodeClaimed reads them.
+    const set = normalize(claimSet("p_worker")).split(/,(?![^(]*\))/);
+    assertEquals(set.length, 4, "the claim's SET has four parts");
+    assert(normalize(body).includes(normalize("then v_running")), "its state");
+    assert(normalize(body).includes(normalize("run_count = j.run_count +")), "its run_count");
+    assert(
+      normalize(body).includes(normalize("then p_worker else j.worker_id end")),
+      "its worker_id",
+    );
+    assert(
+      normalize(body).includes(normalize("then now() else j.started_at end")),
+      "its started_at",
+    );
+    const returning = /returning j\.state as new_state,(j\.id::text as id.*?\bas args)\)/
+      .exec(normalize(body))?.[1];
     assertEquals(returning, normalize(selectList("claim")), "its RETURNING");
-    // The offered jobs (alias c, in queue q.name) and the jobs that would come first (alias
-    // a) are each ready by the ready rule and free of a limits row, as the claim's.
+    // The jobs that would come first (alias a) are ready by the ready rule and free of a limits
+    // row, as the claim's; so are the dependents handed (alias c), as they will be once queued:
+    // they still wait in the statement's snapshot.
     for (const [alias, queue] of [["c", "q.name"], ["a", "q.name"]]) {
       const of = (sql: string) => sql.replaceAll("c.", `${alias}.`);
-      for (const predicate of [...readyPredicates(queue), noLimitPredicate(s)]) {
+      const predicates = [...readyPredicates(queue), noLimitPredicate(s)].filter((p) =>
+        alias === "a" || !p.startsWith("c.state") && !p.startsWith("c.queue")
+      );
+      for (const predicate of predicates) {
         assertEquals(occurrences(body, of(predicate)), 1, `${alias}: ${of(predicate)}`);
       }
     }
+    assertEquals(occurrences(body, "c.state = 'waiting' and c.pending_deps <= k.n"), 1);
+    assertEquals(occurrences(body, "join firsts q on q.name = c.queue"), 1);
     assertEquals(occurrences(body, `order by ${claimOrder("x")}`), 2, "claim order");
   });
 });

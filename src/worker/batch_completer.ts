@@ -82,8 +82,16 @@ export interface BatchCompleterConfig {
    * free again, and `handed` are the jobs claimed for this worker in the write's transaction,
    * to start in them. `lost`: a try of the write that offered slots failed, and may have
    * committed a hand-off all the same (a job running under this worker that it does not know).
+   * `jobs`: the kept slots' jobs, id and task (as `queues`, one per slot); `written`: the write
+   * succeeded (else `handed` is empty because it failed).
    */
-  onHandOff?: (queues: string[], handed: ClaimedJob[], lost: boolean) => void;
+  onHandOff?: (
+    queues: string[],
+    handed: ClaimedJob[],
+    lost: boolean,
+    jobs: { id: string; task: string }[],
+    written: boolean,
+  ) => void;
   /** Called per written outcome of a job of `task` on which other jobs depend. */
   onDependents?: (task: string) => void;
   /** Outcomes per statement at most. Default {@linkcode OUTCOME_BATCH_DEFAULT}. */
@@ -344,7 +352,7 @@ export class BatchCompleter {
         onRetry: (error, delay) => logOutcomeRetry(delay, error),
       });
     } catch (error) {
-      this.#handOff(kept, [], lost);
+      this.#handOff(kept, [], lost, false);
       if (signal.aborted) {
         for (const p of batch) {
           this.#config.onUnwritten(p.outcome.id);
@@ -391,7 +399,7 @@ export class BatchCompleter {
       byId.get(outcome.id)?.done();
     }
     // The kept slots, and the jobs handed to start in them.
-    this.#handOff(kept, result.handed, lost);
+    this.#handOff(kept, result.handed, lost, true);
     for (const { item, error } of result.rolledBack) {
       logTransitionRolledBack(item.id, error);
       const p = byId.get(item.id);
@@ -406,15 +414,17 @@ export class BatchCompleter {
   }
 
   /** Free the slots kept for a write's hand-off, with the jobs it handed (see `onHandOff`). */
-  #handOff(kept: Pending[], handed: ClaimedJob[], lost: boolean): void {
+  #handOff(kept: Pending[], handed: ClaimedJob[], lost: boolean, written: boolean): void {
     const queues: string[] = [];
+    const jobs: { id: string; task: string }[] = [];
     for (const p of kept) {
       if (!p.kept) continue;
       p.kept = false;
       queues.push(p.job!.queue);
+      jobs.push({ id: p.outcome.id, task: p.job!.task });
     }
     if (queues.length === 0 && handed.length === 0 && !lost) return;
-    this.#config.onHandOff?.(queues, handed, lost);
+    this.#config.onHandOff?.(queues, handed, lost, jobs, written);
   }
 
   /** A single outcome whose write failed for good: store a replacement, or give up. */

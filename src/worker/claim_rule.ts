@@ -3,9 +3,9 @@
  * (ready_rule.ts), which the plain claim may take, the order they are claimed in, what the
  * claim writes to a claimed job and what it returns (from job_columns.ts). The `claim_one`
  * and `claim_one_floor` functions (migrations 0001 and 0004), and the hand-off of the outcome
- * write (`complete_jobs`, migration 0016), repeat it in SQL, so that their plans are kept per
- * connection; tests/job_columns_test.ts reads their bodies from the database and checks each
- * part below stands in them.
+ * write (`complete_jobs`, migrations 0016 and 0019), repeat it in SQL, so that their plans are
+ * kept per connection; tests/job_columns_test.ts reads their bodies from the database and
+ * checks each part below stands in them.
  *
  * @module
  */

@@ -64,7 +64,7 @@ export interface WrittenRow {
 
 /**
  * What the outcome write may hand to the writing worker: the dependents its successes queue,
- * claimed in the same transaction (migrations/0016_hand_off.sql), up to these slots.
+ * claimed in the same transaction (migrations/0016_hand_off.sql, 0019), up to these slots.
  */
 export interface HandOffer {
   /** The worker's id (the handed jobs run under it). */
@@ -398,11 +398,12 @@ function deleteStatement(s: string): string {
 }
 
 /**
- * The outcome UPDATE: the `complete_jobs` function of migrations/0016 (fenced on run_count
- * and state 'running'; its plan is kept per connection; a job it fails for good gets its
- * dead letter in the same statement; the dependents it queues may be handed to the worker,
- * $9 to $13). Reads a {@linkcode WrittenRow}: id, new state, attempts, run_at in epoch
- * milliseconds, whether others depend on it; or a handed job's claim columns (`claimed`).
+ * The outcome UPDATE: the `complete_jobs` function of migrations/0016 and 0019 (fenced on
+ * run_count and state 'running'; its plan is kept per connection; a job it fails for good
+ * gets its dead letter in the same statement; the dependents it makes ready may be handed to
+ * the worker, $9 to $13, in the update that counts them down). Reads a
+ * {@linkcode WrittenRow}: id, new state, attempts, run_at in epoch milliseconds, whether
+ * others depend on it; or a handed job's claim columns (`claimed`).
  */
 function completeStatement(s: string): string {
   return `select id, state, attempt, run_at_ms, has_dependents, claimed

@@ -21,6 +21,7 @@ import { type ClaimedJob, Claimer, type ClaimRequest } from "./claimer.ts";
 import type { HandOffer } from "./completer.ts";
 import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./config.ts";
 import { Executor } from "./executor.ts";
+import { HandOffSlots } from "./hand_off_slots.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
 import { Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
@@ -91,10 +92,13 @@ export class Worker {
   /** Jobs handed to this worker by an outcome write, not started yet (tracing's read). */
   #handing = new Set<ClaimedJob>();
   /**
-   * The tasks of which a job that finished here had dependents: their successes keep their slot
-   * for the hand-off (see {@linkcode Slots}); other jobs free theirs at once, as before.
+   * Which successes keep their slot for the hand-off (see {@linkcode Slots}): of the tasks of
+   * which a job that finished here had dependents, while their writes hand jobs over; other
+   * jobs free theirs at once, as before.
    */
-  #dependents = new Set<string>();
+  #keeping = new HandOffSlots();
+  /** The runs whose kept slot HandOffSlots counted, until their write ends. */
+  #counted = new Set<string>();
   /** Whether outcome writes may hand jobs over (not with onTransition hooks or retention 0). */
   #handOffs: boolean;
   /** The loop has returned (a drain or the last writes follow): nothing more is taken. */
@@ -179,8 +183,13 @@ export class Worker {
         if (app.notify && full.length > 0) this.#notifyLimitFreed(full);
       },
       offer: (queues, keyed) => this.#offer(queues, tasks, keyed),
-      onHandOff: (queues, handed, lost) => void this.#takeHanded(queues, handed, lost),
-      onDependents: (task) => this.#dependents.add(task),
+      onHandOff: (queues, handed, lost, jobs, written) => {
+        // Only the slots kept for dependents are counted by HandOffSlots (see keepFor).
+        const counted = jobs.filter((job) => this.#counted.delete(job.id));
+        this.#keeping.settle(counted.map((job) => job.task), written ? handed.length : null);
+        void this.#takeHanded(queues, handed, lost);
+      },
+      onDependents: (task) => this.#keeping.learn(task),
     });
     this.#blocks = new LoopBlocks({
       ...config,
@@ -209,9 +218,14 @@ export class Worker {
       },
       // A success of a task others depend on, or of a job whose key has a limits row: its
       // write may hand this worker a dependent, or its key's next job.
-      keepFor: (row) =>
-        this.#handOffs && !this.#stopRequested && !this.#loopEnded &&
-        (this.#dependents.has(row.task) || row.limited === true),
+      keepFor: (row) => {
+        if (!this.#handOffs || this.#stopRequested || this.#loopEnded) return false;
+        if (this.#keeping.keep(row.task)) {
+          this.#counted.add(row.id);
+          return true;
+        }
+        return row.limited === true;
+      },
     });
   }
 
