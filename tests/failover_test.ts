@@ -212,3 +212,54 @@ Deno.test("with target_session_attrs=primary and no primary among the hosts, a s
     });
   });
 });
+
+/** Terminate the backend of `sql`'s only connection while it runs a statement, and wait for the statement to fail. */
+async function terminateBusy(sql: postgres.Sql, admin: postgres.Sql, name: string): Promise<void> {
+  const busy = sql`select pg_catalog.pg_sleep(60)`.execute();
+  const failed = busy.then(() => false, () => true);
+  await waitFor(
+    async () =>
+      (await admin`select pg_terminate_backend(pid) as done from pg_stat_activity
+      where application_name = ${name} and query like '%pg_sleep(60)%'`).some((r) => r.done),
+    "the busy connection to be terminated",
+  );
+  assert(await within(failed, 30_000, "the terminated statement to fail"));
+}
+
+Deno.test("with target_session_attrs=primary, a pooled connection whose backend was terminated mid-statement does not reconnect to the standby", async () => {
+  await withPair(async (primary, standby) => {
+    const name = "terminated_on_pair";
+    // The primary first: the pool's next attempt after the termination goes to the standby.
+    const sql = connect(
+      `postgres://postgres@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/akadze` +
+        "?target_session_attrs=primary",
+      { max: 1, applicationName: name, connectTimeout: 5 },
+    );
+    const admin = postgres(dbUrl(primary), { max: 1, onnotice: () => {} });
+    try {
+      await admin`create table written (n int)`;
+      for (let round = 0; round < 3; round++) {
+        const [before] = await sql`select pg_catalog.pg_is_in_recovery() as recovery`;
+        assertEquals(before.recovery, false);
+        await terminateBusy(sql, admin, name);
+        // postgres.js kept the terminated statement's error and took it for the answer to
+        // the next session's startup, skipping its target_session_attrs check: that session
+        // was on the standby, and every statement after it stayed there. The first statement
+        // may still fail with that stale error; the connection must be on the primary.
+        await sql`select 1`.catch(() => {});
+        for (let i = 0; i < 5; i++) {
+          const [row] = await sql`select pg_catalog.pg_is_in_recovery() as recovery`;
+          assertEquals(
+            row.recovery,
+            false,
+            `round ${round}: a pooled connection is on the standby`,
+          );
+        }
+        await sql`insert into written values (${round})`;
+      }
+    } finally {
+      await sql.end({ timeout: 1 });
+      await admin.end();
+    }
+  });
+});
