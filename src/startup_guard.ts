@@ -107,12 +107,20 @@ export function openSocket(options: SocketOptions): Socket | Promise<Socket> {
       },
     );
   }
-  const rounds = Math.floor(streak.failed / hosts);
+  // Only once every host has failed: a pool's connections reconnect together after their
+  // sessions were terminated, and those that try the standby first are turned down while
+  // the others are still starting on the primary.
+  const rounds = everyHostFailed(streak, hosts) ? Math.floor(streak.failed / hosts) : 0;
   if (rounds === 0) return attempt(options, streak);
   const current = streak;
   return new Promise((resolve) =>
     setTimeout(() => resolve(attempt(options, current)), roundBackoff(rounds))
   );
+}
+
+/** Whether each of the `hosts` has failed or been refused since an attempt was last accepted. */
+function everyHostFailed(streak: Streak, hosts: number): boolean {
+  return new Set([...streak.refused, ...streak.unreachable, ...streak.ended]).size >= hosts;
 }
 
 function attempt(options: SocketOptions, streak: Streak | undefined): Socket {
@@ -410,7 +418,7 @@ function watchAttempt(
     else if (!answered) streak.unreachable.add(where);
     else streak.ended.add(where);
     const hosts = options.port.length;
-    if (streak.warned || streak.failed < hosts) return;
+    if (streak.warned || streak.failed < hosts || !everyHostFailed(streak, hosts)) return;
     streak.warned = true;
     const attrs = options.target_session_attrs;
     const refused = [...streak.refused].join(", ");
