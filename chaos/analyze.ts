@@ -144,9 +144,12 @@ const KIND_OF_TASK = new Map<string, Kind>(
 );
 /** How far before a run's claim a terminated connection or an outage may explain its error. */
 const LOOKBACK_MS = 3_000;
-/** Errors of a connection the server closed (terminated backend, shutdown, reset). */
+/**
+ * Errors of a connection the server closed (terminated backend, shutdown, reset), and of one
+ * akadze reopened after that (src/startup_guard.ts).
+ */
 const CONNECTION_LOST =
-  /terminating connection|57P0[123]|CONNECTION_(CLOSED|ENDED|DESTROYED)|ECONNRESET|EPIPE|ECONNREFUSED|ended by the other party/;
+  /terminating connection|57P0[123]|CONNECTION_(CLOSED|ENDED|DESTROYED)|ECONNRESET|EPIPE|ECONNREFUSED|ended by the other party|reopened after its session ended/;
 
 const ms = (d: Date) => d.getTime();
 const s = (n: number, digits = 1) => `${(n / 1000).toFixed(digits)} s`;

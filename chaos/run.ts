@@ -48,14 +48,17 @@ Options:
   --keep-logs     keep the logs when every assertion passed (they are kept otherwise)
   --failover      the failover phase: a primary and a synchronous standby, everyone on a
                   multi-host URL; at 50 % of the window the primary is stopped hard
-                  (pg_ctl stop -m immediate) and the standby promoted; heartbeat TTL 6 s
+                  (pg_ctl stop -m immediate) and the standby promoted; heartbeat TTL 6 s.
+                  On by default with --minutes 10 or more (the long profile)
+  --no-failover   without the failover phase, whatever the length
   --migrate-from VERSION
                   the migrate phase: the schema starts at VERSION (e.g. 0014_flow_speed)
                   and the release that shipped it runs the workers and producers; at 25 % of
                   the window \`akadze migrate\` brings it to the current schema under load
   -h, --help      show this help
 
-Short profile (CI, about two minutes): --jobs 600 --workers 3 --minutes 1.5 --seed 1`;
+Short profile (CI, about two minutes): --jobs 600 --workers 3 --minutes 1.5 --seed 1
+Long profile (about twelve minutes, with the failover phase): --minutes 10`;
 
 // ---------------------------------------------------------------------------------------
 // Options
@@ -72,6 +75,7 @@ const { values: flags } = parseArgs({
     logs: { type: "string" },
     "keep-logs": { type: "boolean" },
     failover: { type: "boolean" },
+    "no-failover": { type: "boolean" },
     "migrate-from": { type: "string" },
     help: { type: "boolean", short: "h" },
   },
@@ -97,12 +101,14 @@ const SLOTS = Math.floor(numberFlag("slots", flags.slots, 6, 1));
 const PREPARE = flags.prepare ?? false;
 const SEED = Math.floor(numberFlag("seed", flags.seed, 1 + Math.floor(Math.random() * 2 ** 31), 0));
 const WINDOW = MINUTES * 60_000;
-/**
- * The failover phase, with --failover. Not on by default in the long profile yet: its first
- * long run found a pooled connection that stayed on the hot standby with
- * target_session_attrs=primary (docs/reliability.md, defect 59), which fails assertion 7.
- */
-const FAILOVER = flags.failover ?? false;
+/** The length from which the failover phase is on unless --no-failover (the long profile). */
+const FAILOVER_FROM_MINUTES = 10;
+/** The failover phase: with --failover, and by default in the long profile. */
+if (flags.failover && flags["no-failover"]) {
+  console.error("error: --failover and --no-failover exclude each other");
+  Deno.exit(2);
+}
+const FAILOVER = flags.failover ?? (!flags["no-failover"] && MINUTES >= FAILOVER_FROM_MINUTES);
 /** The migrate phase: the schema version the run starts at (--migrate-from), if any. */
 const MIGRATE_FROM = flags["migrate-from"];
 const FROM_INDEX = MIGRATIONS.findIndex((m) => m.version === MIGRATE_FROM);
@@ -555,7 +561,7 @@ console.log(
 console.log(
   `rerun: deno task chaos --jobs ${JOBS} --workers ${WORKERS} --minutes ${MINUTES} ` +
     `--seed ${SEED}${flags.slots ? ` --slots ${SLOTS}` : ""}${PREPARE ? " --prepare" : ""}` +
-    (FAILOVER ? " --failover" : "") +
+    (FAILOVER ? " --failover" : MINUTES >= FAILOVER_FROM_MINUTES ? " --no-failover" : "") +
     (MIGRATE_FROM ? ` --migrate-from ${MIGRATE_FROM}` : ""),
 );
 

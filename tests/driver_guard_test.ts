@@ -7,9 +7,10 @@ import {
   isTypeFetchError,
 } from "../src/driver_guard.ts";
 import { Akadze } from "../src/app.ts";
+import { checkSessionAttrs, startsAttempt } from "../src/startup_guard.ts";
 import { connect } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { waitFor, withDatabase } from "./_helpers.ts";
+import { waitFor, withDatabase, within } from "./_helpers.ts";
 
 /** An error shaped like one the runtime raised: a code and the given stack frames. */
 function socketError(code: string, message: string, frames: string[]): Error {
@@ -156,4 +157,82 @@ Deno.test("a connection lost while the driver fetches its types does not leave a
       await proxy.done;
     }
   });
+});
+
+Deno.test("a pooled connection whose transaction was terminated connects again at once, not after connect timeouts", async () => {
+  await withDatabase("guard_dead_tx", async (db, admin) => {
+    const name = "guard_dead_tx";
+    const sql = connect(db.url, { max: 1, connectTimeout: 1, applicationName: name });
+    const guarded: unknown[] = [];
+    const remove = installDriverGuard((error) => guarded.push(error));
+    try {
+      for (let round = 0; round < 3; round++) {
+        const before = guarded.length;
+        // A transaction whose backend is terminated while it runs a statement: postgres.js
+        // rejects the transaction when the connection closes, and then sends its rollback
+        // on the connection it has let go. That write throws inside the driver (the guard's
+        // "Cannot read properties of null (reading 'write')") and left the connection object
+        // with writes it never sent: each next session's startup waited in its buffer until
+        // the connect timeout, about a dozen times.
+        const tx = sql.begin(async (tx) => {
+          await tx`select pg_catalog.pg_sleep(60)`;
+        }).then(() => null, (e: unknown) => e);
+        await waitFor(
+          async () =>
+            (await admin`select pg_terminate_backend(pid) as done from pg_stat_activity
+            where application_name = ${name} and query like '%pg_sleep(60)%'`).some((r) => r.done),
+          "the transaction's backend to be terminated",
+        );
+        assert(await within(tx, 30_000, "the terminated transaction") instanceof Error);
+        await waitFor(() => guarded.length > before, "the driver's write on the closed connection");
+        const started = performance.now();
+        const errors: string[] = [];
+        for (let i = 0; i < 3; i++) {
+          await sql`select 1`.catch((e: Error) =>
+            errors.push(String((e as { code?: string }).code ?? e.message))
+          );
+        }
+        assertEquals(errors.filter((code) => code === "CONNECT_TIMEOUT"), [], `round ${round}`);
+        const [row] = await sql`select 1 as one`;
+        assertEquals(row.one, 1);
+        assert(
+          performance.now() - started < 5_000,
+          `round ${round}: reconnecting took ${Math.round(performance.now() - started)} ms`,
+        );
+      }
+    } finally {
+      remove();
+      await sql.end({ timeout: 1 });
+    }
+  });
+});
+
+Deno.test("a connection attempt starts with an opening message; bytes of a dead session before it are not one", () => {
+  const ssl = [0, 0, 0, 8, 4, 210, 22, 47];
+  const startup = [0, 0, 0, 13, 0, 3, 0, 0, 0x75, 0x73, 0x65, 0x72, 0];
+  const sync = [0x53, 0, 0, 0, 4];
+  assert(startsAttempt(new Uint8Array(ssl)));
+  assert(startsAttempt(new Uint8Array(startup)));
+  // A statement queued behind the startup is the driver's own doing, and fine.
+  assert(startsAttempt(new Uint8Array([...startup, ...sync])));
+  assert(!startsAttempt(new Uint8Array([...sync, ...startup])));
+  assert(!startsAttempt(new Uint8Array(sync)));
+  assert(!startsAttempt(new Uint8Array([0, 0, 0, 8, 0, 0, 0, 1])));
+});
+
+Deno.test("the server's startup report is checked against target_session_attrs as postgres.js checks it", () => {
+  const primary = { in_hot_standby: "off", default_transaction_read_only: "off" };
+  const standby = { in_hot_standby: "on", default_transaction_read_only: "off" };
+  const readOnly = { in_hot_standby: "off", default_transaction_read_only: "on" };
+  assertEquals(checkSessionAttrs("primary", primary), true);
+  assertEquals(checkSessionAttrs("primary", standby), false);
+  assertEquals(checkSessionAttrs("standby", standby), true);
+  assertEquals(checkSessionAttrs("standby", primary), false);
+  assertEquals(checkSessionAttrs("read-write", readOnly), false);
+  assertEquals(checkSessionAttrs("read-write", standby), true);
+  assertEquals(checkSessionAttrs("read-only", readOnly), true);
+  assertEquals(checkSessionAttrs("any", standby), true);
+  assertEquals(checkSessionAttrs("prefer-standby", primary), true);
+  // A server before PostgreSQL 14 does not report them: the driver asks it.
+  assertEquals(checkSessionAttrs("primary", {}), undefined);
 });

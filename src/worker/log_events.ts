@@ -68,12 +68,18 @@ export function logStopped(workerId: string, exit: StopRecord): void {
 
 /** `db_error_transient` for a database driver error the process guard ignored. */
 export function logDriverError(error: unknown): void {
+  const message = describeError(error);
+  // postgres.js's own TypeError says nothing a user can act on: a statement (most often the
+  // rollback of a transaction whose session had just ended) was sent on a closed connection.
+  const what = /reading 'write'/.test(message)
+    ? "a statement was sent on a database connection that had just closed (the rollback of a " +
+      "transaction whose session ended)"
+    : "a database connection broke while the driver was using it ({message})";
   log.warn(
-    "a database connection broke while the driver was using it ({message}); the worker goes " +
-      "on and retries what it was doing. If this repeats, look for what ends connections: " +
-      "server restarts or failovers, terminated sessions, idle_in_transaction_session_timeout, " +
-      "a proxy's or firewall's idle timeout",
-    { event: "db_error_transient", message: describeError(error) },
+    `${what}; the worker goes on, reopens the connection and retries what it was doing. If ` +
+      "this repeats, look for what ends connections: server restarts or failovers, terminated " +
+      "sessions, idle_in_transaction_session_timeout, a proxy's or firewall's idle timeout",
+    { event: "db_error_transient", message },
   );
 }
 
