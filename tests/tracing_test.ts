@@ -100,7 +100,7 @@ function freePort(): number {
 Deno.test("one trace runs from an HTTP request through the enqueue to the job's run, and a retry's run links to its enqueue; logs carry the run's ids and the counters reach the meter", async () => {
   const receiver = startReceiver();
   try {
-    await withDatabase("tracing_end_to_end", async (db) => {
+    await withDatabase("tracing_end_to_end", async (db, sql) => {
       await withProcesses(async () => {
         const otel = (service: string) => ({
           AKADZE_DATABASE_URL: db.url,
@@ -251,7 +251,24 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
           .filter((p) => attr(p.attributes, "task") === "traced.ping");
         assertEquals(Math.max(...durations.map((p) => Number(p.count))), 2);
         worker.child.kill("SIGTERM");
-        assertEquals((await worker.done()).code, 0);
+        // Deno itself may hang in its exit under OTEL_DENO=true (denoland/deno#33157, seen
+        // once in a loaded run), after the worker's graceful stop: the process gets a bounded
+        // while, then, if that stop is complete (its row removed, nothing left running), it is
+        // killed.
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const exited = await Promise.race([
+          worker.done(),
+          new Promise<null>((resolve) => timer = setTimeout(() => resolve(null), 30_000)),
+        ]);
+        clearTimeout(timer);
+        if (exited === null) {
+          const [left] = await sql`select
+              (select count(*) from akadze.workers)::int as workers,
+              (select count(*) from akadze.jobs where state = 'running')::int as running`;
+          assertEquals(left, { workers: 0, running: 0 }, "the worker's stop did not complete");
+          worker.child.kill("SIGKILL");
+          await worker.done();
+        } else assertEquals(exited.code, 0);
       });
     });
   } finally {
