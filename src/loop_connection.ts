@@ -25,26 +25,49 @@ export class LoopConnection {
   readonly sql: Sql;
   #source: Sql;
   #current: Sql | null = null;
+  /** The statements made since {@linkcode LoopConnection.forget}. */
+  #made = new Set<unknown>();
 
   /** Derive a loop connection from a pool (nothing is opened until it is used). */
   constructor(source: Sql) {
     this.#source = source;
     const current = () => this.#current ??= this.#open();
+    const unsafe = (...args: unknown[]) =>
+      this.#track(Reflect.apply(current().unsafe as never, current(), args));
     // A function target, so that tagged-template calls (sql`...`) reach the instance too.
     this.sql = new Proxy((() => {}) as unknown as Sql, {
-      apply: (_target, _this, args) => Reflect.apply(current() as never, undefined, args),
-      get: (_target, key) => Reflect.get(current(), key),
+      apply: (_target, _this, args) =>
+        this.#track(Reflect.apply(current() as never, undefined, args)),
+      get: (_target, key) => key === "unsafe" ? unsafe : Reflect.get(current(), key),
     });
   }
 
   /**
+   * Forget the statements made so far (they have answered): {@linkcode reset} cancels only
+   * those made since. The worker calls it at the start of each pass of its loop.
+   */
+  forget(): void {
+    this.#made.clear();
+  }
+
+  /**
    * Drop the current connection (it hangs: a statement did not answer in time); the next
-   * use opens a new one instead of queueing behind the stuck statement.
+   * use opens a new one instead of queueing behind the stuck statement. The statements made
+   * since {@linkcode forget} that still run are cancelled on the server first (best effort),
+   * so that one waiting on a lock does not commit later, unseen: a claim would leave its
+   * jobs running under this worker with no run of theirs.
    */
   reset(): void {
+    for (const query of this.#made) cancel(query);
+    this.#made.clear();
     const old = this.#current;
     this.#current = null;
     if (old) void end(this.#source, old, 0);
+  }
+
+  #track<T>(query: T): T {
+    if (query && typeof query === "object") this.#made.add(query);
+    return query;
   }
 
   /** Close the current connection, letting a running statement finish for a moment. */
@@ -78,6 +101,19 @@ export async function closeLoopConnections(source: Sql): Promise<void> {
   const set = opened.get(source);
   if (!set) return;
   await Promise.all([...set].map((sql) => end(source, sql, CLOSE_TIMEOUT)));
+}
+
+/**
+ * Cancel a statement that runs on the server (postgres.js's own cancel request, on a
+ * connection of its own), ignoring a failure: the server may be the reason it hangs. One not
+ * yet sent is left to the connection's end, which fails it.
+ */
+function cancel(query: unknown): void {
+  const q = query as { active?: boolean; canceller?: ((q: unknown) => unknown) | null };
+  if (q.active !== true || typeof q.canceller !== "function") return;
+  const request = q.canceller(q);
+  q.canceller = null;
+  (request as Promise<unknown> | undefined)?.catch?.(() => {});
 }
 
 async function end(source: Sql, sql: Sql, timeout: number): Promise<void> {

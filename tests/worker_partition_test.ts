@@ -109,3 +109,77 @@ Deno.test("a prune stuck when the database freezes does not hold up the worker's
   assertEquals([code, reason], [1, "heartbeat_lost"]);
   assert(took < 15_000, `stopped after ${Math.round(took)} ms`);
 });
+
+Deno.test("a loop statement that gets no answer costs the worker neither its lease nor its running job", async () => {
+  // The claim's look at the limits table waits on a lock held for longer than the lease
+  // (a statement that does not answer); the heartbeat runs after it on the same loop.
+  const pg = await startThrowawayPostgres();
+  const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
+  let app: Akadze | undefined;
+  let worker: Worker | undefined;
+  let held: HeldLocks | undefined;
+  let probe: postgres.Sql | undefined;
+  try {
+    await admin`create database unanswered_test`;
+    const url = pg.url.replace(/\/postgres$/, "/unanswered_test");
+    await migrate(url);
+    probe = postgres(url, { max: 1, onnotice: () => {} });
+    app = new Akadze({ databaseUrl: url, max: 3 });
+    let started = false;
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => finish = resolve);
+    app.task("hold", async () => {
+      started = true;
+      await finished;
+    });
+    const id = await app.tasks.get("hold")!.enqueue();
+    const ttl = 2_000;
+    worker = new Worker(app, {
+      heartbeatInterval: 250,
+      heartbeatTtl: ttl,
+      pollInterval: 100,
+      slots: 4,
+    });
+    let ended: { code: number; reason: string } | null = null;
+    const exit = worker.run().then((result) => ended = result);
+    await waitFor(() => started, "the job to start");
+    held = await holdLocks(url, (tx) => tx`lock table akadze.limits in access exclusive mode`);
+    // Held for twice the TTL: the claim waits on it, and the heartbeat must stay younger
+    // than the TTL all the same.
+    const until = performance.now() + 2 * ttl;
+    let [oldest, waited] = [0, false];
+    while (performance.now() < until && ended === null) {
+      const [row] =
+        await probe`select (select (extract(epoch from now() - heartbeat_at) * 1000)::int
+          from akadze.workers) as age,
+        exists (select 1 from pg_stat_activity where datname = current_database()
+                   and wait_event_type = 'Lock'
+                   and application_name = 'akadze' and query not like '%limit_starts%')
+          as waiting`;
+      oldest = Math.max(oldest, row.age ?? 0);
+      waited ||= row.waiting;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    assert(waited, "the claim waited on the lock");
+    assert(oldest < ttl, `the heartbeat was ${oldest} ms old (TTL ${ttl} ms)`);
+    assertEquals(ended, null, "the worker kept running");
+    await held.release();
+    held = undefined;
+    finish();
+    await waitFor(async () => {
+      const [row] = await app!.sql`select state, run_count from akadze.jobs where id = ${id}`;
+      return row.state === "succeeded";
+    }, "the job to succeed");
+    const [row] = await app.sql`select run_count, attempt from akadze.jobs where id = ${id}`;
+    assertEquals([row.run_count, row.attempt], [1, 0], "the job ran once, no attempt spent");
+    worker.stop();
+    assertEquals((await within(exit, 30_000, "the worker to stop")).code, 0);
+  } finally {
+    worker?.stop();
+    await held?.release();
+    await app?.close();
+    await probe?.end({ timeout: 1 });
+    await admin.end({ timeout: 1 });
+    await pg.stop();
+  }
+});

@@ -92,6 +92,18 @@ export function logLoopRetry(delay: number, error: unknown): void {
   });
 }
 
+/**
+ * `loop_connection_replaced`: a statement of the worker loop had no answer after
+ * `waitedMs`; its connection was replaced, so the statement fails and the loop goes on.
+ */
+export function logLoopConnectionReplaced(workerId: string, waitedMs: number): void {
+  log.warn(
+    "a statement of worker {workerId} got no answer in {waitedMs} ms; its connection was " +
+      "replaced and the loop goes on",
+    { event: "loop_connection_replaced", workerId, waitedMs },
+  );
+}
+
 /** `db_error_transient` for a failed outcome write, retried after `delay` ms. */
 export function logOutcomeRetry(delay: number, error: unknown): void {
   log.warn("outcome write failed, retrying in {delay} ms: {message}", {

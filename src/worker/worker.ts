@@ -453,6 +453,9 @@ export class Worker {
         continue;
       }
       let [full, foundNothing, idle] = [false, false, false];
+      // A statement that never answers (a connection the server dropped without the driver
+      // noticing) would hold the loop, and so its heartbeat, until the lease is lost.
+      const guard = this.#guardPass();
       try {
         if (this.#app.notify) await listener.ensure();
         // Before the first claim: the jobs a dead process left go back now, not after its lease.
@@ -468,8 +471,10 @@ export class Worker {
         if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
         // After the claim, so it never delays a job.
         await this.#canceller.runIfDue();
+        clearTimeout(guard);
         dbBackoff = 0;
       } catch (error) {
+        clearTimeout(guard);
         if (!isTransientError(error)) return fatalExit(error, this.#app.schema);
         // A connection on a standby stays there: a new one tries the URL's hosts again.
         if (isReadOnlyError(error)) this.#connection.reset();
@@ -493,6 +498,22 @@ export class Worker {
       await this.#wake.sleep(Math.min(poll, this.#heartbeat.nextBeat - performance.now()));
     }
     return { code: 0, reason: "stopped" };
+  }
+
+  /**
+   * Arm the bound of one pass of the loop (its claim, rescue, schedule and cancel statements
+   * on the loop's connection): half the heartbeat TTL, as a beat has. Past it the connection
+   * is replaced, which fails the statement waiting on it; the loop handles that as any failed
+   * statement (a claim that committed meanwhile is found by the next beat and put back), and
+   * the next beat still comes within the lease. Returns the timer to clear.
+   */
+  #guardPass(): ReturnType<typeof setTimeout> {
+    const bound = this.config.heartbeatTtl / 2;
+    this.#connection.forget();
+    return setTimeout(() => {
+      log.logLoopConnectionReplaced(this.id, Math.round(bound));
+      this.#connection.reset();
+    }, bound);
   }
 
   /**
