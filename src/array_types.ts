@@ -101,6 +101,41 @@ export function serializeArray(
 const NEEDS_ESCAPE = /["\\]/;
 
 /**
+ * A JS array of strings, numbers and nulls as a PostgreSQL array literal of one dimension:
+ * the text {@linkcode serializeArray} writes for it (strings and numbers as their text, every
+ * element quoted; null as null). Made in one pass; an array of one value repeated (most of a
+ * flow's columns) is that value's text repeated.
+ *
+ * @example
+ * ```ts ignore
+ * arrayLiteral(["a", 'b"c', null]); // '{"a","b\\"c",null}'
+ * ```
+ */
+export function arrayLiteral(values: readonly (string | number | null)[]): string {
+  const n = values.length;
+  if (n === 0) return "{}";
+  const first = values[0];
+  let same = true;
+  for (let i = 1; i < n && same; i++) same = values[i] === first;
+  if (same) {
+    const element = quote(first);
+    return `{${`${element},`.repeat(n - 1)}${element}}`;
+  }
+  let text = "{";
+  for (let i = 0; i < n; i++) text += i === 0 ? quote(values[i]) : `,${quote(values[i])}`;
+  return `${text}}`;
+}
+
+/** One element of an array literal, as {@linkcode serializeArray} writes it. */
+function quote(value: string | number | null): string {
+  if (value === null) return "null";
+  const text = typeof value === "string" ? value : String(value);
+  return NEEDS_ESCAPE.test(text)
+    ? `"${text.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`
+    : `"${text}"`;
+}
+
+/**
  * A PostgreSQL array's text form (`{a,"b c",NULL}`, nested for more dimensions) as a JS
  * array, each element read by `parse` (as text without it); an unquoted NULL is null.
  */

@@ -236,59 +236,44 @@ export async function enqueueJobs(
     ));
 }
 
-/** One job checked as {@linkcode enqueueJobs} checks it: its columns and arguments' JSON. */
-export interface CheckedJob extends Base {
-  /** The arguments to store (the schema's output). */
-  args: Record<string, unknown>;
-  /** Their JSON text. */
-  text: string;
+/**
+ * One job's options checked as {@linkcode enqueueJobs} checks them (the steps of a flow are
+ * checked so), its queue name too; throws `EnqueueError`. With `bases`, the options (the same
+ * for each call) are checked once per target and the same object is returned for it: a
+ * caller never changes it.
+ */
+export function checkJobOptions(
+  target: EnqueueTarget,
+  options: Omit<EnqueueOptions, "session">,
+  bases?: Map<EnqueueTarget, Base>,
+): Base {
+  const known = bases?.get(target);
+  if (known) return known;
+  const base = checkOptions(target, options);
+  checkQueueName(base.queue, EnqueueError);
+  bases?.set(target, base);
+  return base;
 }
 
 /**
- * Check one job's options and arguments as {@linkcode enqueueJobs} does (the steps of a
- * flow are checked so); throws `EnqueueError`. Synchronous (no promise to wait for) when the
- * task has no args schema: a flow of thousands of steps would wait a turn for each.
+ * One job's arguments checked as {@linkcode enqueueJobs} checks them: the value to store
+ * (the schema's output). Synchronous (no promise to wait for) when the task has no args
+ * schema: a flow of thousands of steps would wait a turn for each.
  */
-export function checkJob(
-  host: EnqueueHost,
+export function checkJobArgs(
   target: EnqueueTarget,
   args: unknown,
-  options: Omit<EnqueueOptions, "session">,
-  bases?: Map<EnqueueTarget, Base>,
-): CheckedJob | Promise<CheckedJob> {
-  // `bases`: the options (the same for each call) checked once per target, for many jobs.
-  let base: Base;
-  const known = bases?.get(target);
-  if (known) base = { ...known };
-  else {
-    base = checkOptions(target, options);
-    checkQueueName(base.queue, EnqueueError);
-    bases?.set(target, { ...base });
-  }
-  const checked = checkArgs(target, args);
-  if (checked instanceof Promise) {
-    return checked.then((value) => withArgs(host, target, base, value));
-  }
-  return withArgs(host, target, base, checked);
+): Record<string, unknown> | Promise<Record<string, unknown>> {
+  return checkArgs(target, args);
 }
 
-/** `base` with the checked arguments and their JSON text (refused over the size limit). */
-function withArgs(
+/** The JSON text of checked arguments, refused over the size limit (`EnqueueError`). */
+export function argsText(
   host: EnqueueHost,
   target: EnqueueTarget,
-  base: Base,
   args: Record<string, unknown>,
-): CheckedJob {
-  const text = checkSize(
-    target,
-    JSON.stringify(args),
-    host.maxArgsBytes ?? MAX_ARGS_BYTES,
-    undefined,
-  );
-  const job = base as CheckedJob;
-  job.args = args;
-  job.text = text;
-  return job;
+): string {
+  return checkSize(target, JSON.stringify(args), host.maxArgsBytes ?? MAX_ARGS_BYTES, undefined);
 }
 
 /**
