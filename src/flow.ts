@@ -31,7 +31,7 @@ import {
 import { DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob } from "./job.ts";
 import { isPlainObject } from "./json.ts";
-import { arrayLiteral } from "./array_types.ts";
+import { arrayLiteral, repeatedLiteral } from "./array_types.ts";
 import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
 import { tracePublish } from "./tracing.ts";
 
@@ -155,16 +155,19 @@ interface Columns {
   rows: Base[];
   args: Record<string, unknown>[];
   texts: string[];
-  /** Where each step's dependencies start in the lists below (one more: their end). */
-  depStart: number[];
-  /** Per dependency: the step name it depends on, or null for a job. */
-  depName: (string | null)[];
+  /** Per dependency: the depending step's position in the order given (from 1). */
+  depStep: number[];
+  /**
+   * The position of the step it depends on (from 1), null for a job, or 0 for a step given
+   * after it (its name in `later`).
+   */
+  depOn: (number | null)[];
   depJob: (string | null)[];
   depPolicy: OnDependencyFailure[];
-  /** Each step's position in the order given, by name, once checked. */
+  /** The names of the steps given after the step that depends on them, by dependency. */
+  later: Map<number, string>;
+  /** Each step's position in the order given (from 0), by name, once checked. */
   position: Map<string, number>;
-  /** Whether every step depends only on steps given before it. */
-  sorted: boolean;
 }
 
 /**
@@ -302,83 +305,62 @@ export async function prepareFlow(
  * Most flows are written in that order: then nothing is sorted.
  */
 async function checkFlow(host: FlowHost, steps: Record<string, FlowStep>): Promise<CheckedFlow> {
-  if (!isPlainObject(steps) || Object.keys(steps).length === 0) {
+  const names = isPlainObject(steps) ? Object.keys(steps) : [];
+  if (names.length === 0) {
     throw new EnqueueError(
       "a flow is an object of named steps, e.g. { fetch: { task: fetch, args: { url } } }",
     );
   }
-  const names = Object.keys(steps);
   const n = names.length;
   const c: Columns = {
     names,
     rows: new Array(n),
     args: new Array(n),
     texts: new Array(n),
-    depStart: new Array(n + 1),
-    depName: [],
+    depStep: [],
+    depOn: [],
     depJob: [],
     depPolicy: [],
+    later: new Map(),
     position: new Map(),
-    sorted: true,
   };
   const bases = new Map<EnqueueTarget, Base>();
   for (let i = 0; i < n; i++) {
     const checked = checkStep(host, names[i], i, steps[names[i]], steps, bases, c);
     if (checked !== undefined) await checked;
   }
-  c.depStart[n] = c.depName.length;
-  const m = c.depName.length;
-  const depStep = new Array<number>(m);
-  const depOn = new Array<number | null>(m);
-  if (c.sorted) {
-    for (let i = 0; i < n; i++) {
-      for (let k = c.depStart[i]; k < c.depStart[i + 1]; k++) {
-        const on = c.depName[k];
-        depStep[k] = i + 1;
-        depOn[k] = on === null ? null : c.position.get(on)! + 1;
-      }
-    }
-    return {
-      names,
-      rows: c.rows,
-      args: c.args,
-      texts: c.texts,
-      depStep,
-      depOn,
-      depJob: c.depJob,
-      depPolicy: c.depPolicy,
-    };
-  }
+  if (c.later.size === 0) return c;
   // Given in another order: the steps sorted (a cycle is an error), their dependencies with
   // them.
-  const deps = new Map<string, string[]>();
-  for (let i = 0; i < n; i++) {
-    const list: string[] = [];
-    for (let k = c.depStart[i]; k < c.depStart[i + 1]; k++) {
-      if (c.depName[k] !== null) list.push(c.depName[k]!);
-    }
-    deps.set(names[i], list);
+  const m = c.depStep.length;
+  const depName = (k: number) => c.depOn[k] === 0 ? c.later.get(k)! : names[c.depOn[k]! - 1];
+  const deps = new Map<string, string[]>(names.map((name) => [name, []]));
+  for (let k = 0; k < m; k++) {
+    if (c.depOn[k] !== null) deps.get(names[c.depStep[k] - 1])!.push(depName(k));
   }
   const order = dependencyOrder(names, deps).map((name) => c.position.get(name)!);
   const at = new Array<number>(n);
   for (let p = 0; p < n; p++) at[order[p]] = p;
+  // Each step's dependencies are together, in the order given: where each step's start.
+  const start = new Array<number>(n + 1).fill(0);
+  for (let k = 0; k < m; k++) start[c.depStep[k]]++;
+  for (let i = 0; i < n; i++) start[i + 1] += start[i];
   const flow: CheckedFlow = {
     names: order.map((i) => names[i]),
     rows: order.map((i) => c.rows[i]),
     args: order.map((i) => c.args[i]),
     texts: order.map((i) => c.texts[i]),
-    depStep,
-    depOn,
+    depStep: new Array(m),
+    depOn: new Array(m),
     depJob: new Array(m),
     depPolicy: new Array(m),
   };
   let k = 0;
   for (let p = 0; p < n; p++) {
     const i = order[p];
-    for (let d = c.depStart[i]; d < c.depStart[i + 1]; d++, k++) {
-      const on = c.depName[d];
-      depStep[k] = p + 1;
-      depOn[k] = on === null ? null : at[c.position.get(on)!] + 1;
+    for (let d = start[i]; d < start[i + 1]; d++, k++) {
+      flow.depStep[k] = p + 1;
+      flow.depOn[k] = c.depOn[d] === null ? null : at[c.position.get(depName(d))!] + 1;
       flow.depJob[k] = c.depJob[d];
       flow.depPolicy[k] = c.depPolicy[d];
     }
@@ -412,39 +394,39 @@ function flowStatement(s: string): string {
  */
 function flowParams(flow: CheckedFlow): unknown[] {
   const { rows } = flow;
-  const column = <T>(of: (row: Base) => T): T[] => {
-    const values = new Array<T>(rows.length);
-    for (let i = 0; i < rows.length; i++) values[i] = of(rows[i]);
-    return values;
-  };
-  // An optional column none of the steps sets: null.
-  const optional = <T>(of: (row: Base) => T | null): (T | null)[] | null => {
-    for (let i = 0; i < rows.length; i++) if (of(rows[i]) !== null) return column(of);
-    return null;
-  };
-  const runAt = optional((row) => row.run_at);
-  const delayMs = optional((row) => row.delay_ms);
-  const expiresAt = optional((row) => row.expires_at);
-  const uniqueKeys = optional((row) => row.unique_key);
-  const limitKeys = optional((row) => row.limit_key);
   return [
     arrayLiteral(flow.names),
-    arrayLiteral(column((row) => row.task)),
-    arrayLiteral(column((row) => row.queue)),
-    arrayLiteral(column((row) => row.priority)),
-    arrayLiteral(column((row) => row.max_attempts)),
+    columnLiteral(rows, "task"),
+    columnLiteral(rows, "queue"),
+    columnLiteral(rows, "priority"),
+    columnLiteral(rows, "max_attempts"),
     `[${flow.texts.join(",")}]`,
-    runAt && arrayLiteral(runAt),
-    delayMs && arrayLiteral(delayMs),
-    expiresAt && arrayLiteral(expiresAt),
-    uniqueKeys && arrayLiteral(uniqueKeys),
-    limitKeys && arrayLiteral(limitKeys),
+    columnLiteral(rows, "run_at"),
+    columnLiteral(rows, "delay_ms"),
+    columnLiteral(rows, "expires_at"),
+    columnLiteral(rows, "unique_key"),
+    columnLiteral(rows, "limit_key"),
     arrayLiteral(flow.depStep),
     arrayLiteral(flow.depOn),
     arrayLiteral(flow.depJob),
     arrayLiteral(flow.depPolicy),
     null,
   ];
+}
+
+/**
+ * Column `key` of the steps' rows as an array literal, or null when no step sets it. Steps
+ * without options of their own share their task's row: one value, its text repeated.
+ */
+function columnLiteral(rows: readonly Base[], key: keyof Base): string | null {
+  const first = rows[0][key] ?? null;
+  let i = 1;
+  while (i < rows.length && (rows[i] === rows[0] || (rows[i][key] ?? null) === first)) i++;
+  if (i === rows.length && first === null) return null;
+  if (i === rows.length) return repeatedLiteral(first as string | number, rows.length);
+  const values = new Array<string | number | null>(rows.length);
+  for (let k = 0; k < rows.length; k++) values[k] = rows[k][key] ?? null;
+  return arrayLiteral(values);
 }
 
 /** The database's refusal of a flow as the error a single enqueue would raise. */
@@ -539,6 +521,21 @@ function checkStep(
   );
 }
 
+/**
+ * Whether step `step` (given at `before`, or after the step being checked when undefined) is
+ * among the dependencies listed from `start` on.
+ */
+function listed(c: Columns, start: number, step: string, before: number | undefined): boolean {
+  for (let k = start; k < c.depOn.length; k++) {
+    const on = c.depOn[k];
+    if (on === null) continue;
+    if (before === undefined ? on === 0 && c.later.get(k) === step : on === before + 1) {
+      return true;
+    }
+  }
+  return false;
+}
+
 /** How an error message names step `name` (made only for an error). */
 function where(name: string): string {
   return `step ${JSON.stringify(name)}`;
@@ -562,8 +559,7 @@ function checkDependencies(
   steps: Record<string, FlowStep>,
   c: Columns,
 ): void {
-  const start = c.depName.length;
-  c.depStart[i] = start;
+  const start = c.depStep.length;
   if (dependsOn !== undefined) {
     if (!Array.isArray(dependsOn)) {
       throw new EnqueueError(
@@ -619,14 +615,15 @@ function checkDependencies(
               }, which is not a step of this flow`,
             );
           }
-          c.sorted = false;
         }
         const step = stepName as string;
-        if (seenSteps ? seenSteps.has(step) : c.depName.indexOf(step, start) >= 0) {
+        if (seenSteps ? seenSteps.has(step) : listed(c, start, step, before)) {
           throw new EnqueueError(`${where(name)} lists the dependency ${step} twice`);
         }
         seenSteps?.add(step);
-        c.depName.push(step);
+        if (before === undefined) c.later.set(c.depStep.length, step);
+        c.depStep.push(i + 1);
+        c.depOn.push(before === undefined ? 0 : before + 1);
         c.depJob.push(null);
       } else {
         const id = typeof jobId === "string" || typeof jobId === "number" ? String(jobId) : "";
@@ -639,7 +636,8 @@ function checkDependencies(
           throw new EnqueueError(`${where(name)} lists job ${id} twice`);
         }
         seenJobs.add(id);
-        c.depName.push(null);
+        c.depStep.push(i + 1);
+        c.depOn.push(null);
         c.depJob.push(id);
       }
       c.depPolicy.push(policy);
