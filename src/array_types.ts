@@ -115,23 +115,17 @@ export function arrayLiteral(values: readonly (string | number | null)[]): strin
   const n = values.length;
   if (n === 0) return "{}";
   const first = values[0];
-  let same = true;
-  let strings = true;
-  let numbers = true;
-  for (let i = 0; i < n; i++) {
-    const value = values[i];
-    if (value !== first) same = false;
-    if (typeof value !== "string") strings = false;
-    if (typeof value !== "number") numbers = false;
-  }
-  if (same) return repeatedLiteral(first, n);
-  if (numbers) return `{${values.join(",")}}`;
-  if (strings) {
-    const joined = values.join('","');
-    if (!NEEDS_ESCAPE.test(joined)) return `{"${joined}"}`;
+  let i = 1;
+  while (i < n && values[i] === first) i++;
+  if (i === n) return repeatedLiteral(first, n);
+  const kind = typeof first;
+  if (kind === "number" || kind === "string") {
+    while (i < n && typeof values[i] === kind) i++;
+    if (i === n && kind === "number") return `{${values.join(",")}}`;
+    if (i === n && !NEEDS_ESCAPE.test(values.join(","))) return `{"${values.join('","')}"}`;
   }
   let text = "{";
-  for (let i = 0; i < n; i++) text += i === 0 ? quote(values[i]) : `,${quote(values[i])}`;
+  for (let k = 0; k < n; k++) text += k === 0 ? quote(values[k]) : `,${quote(values[k])}`;
   return `${text}}`;
 }
 
