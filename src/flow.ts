@@ -238,7 +238,10 @@ export async function enqueueFlow(
   let ids: string[] = [];
   const distinct = (key: "task" | "queue") => {
     const seen = new Set<string>();
-    for (let i = 0; i < rows.length; i++) seen.add(rows[i][key]);
+    // Steps without options share their task's row: each row looked at once in a run.
+    for (let i = 0; i < rows.length; i++) {
+      if (i === 0 || rows[i] !== rows[i - 1]) seen.add(rows[i][key]);
+    }
     return [...seen].join(",");
   };
   const target = { task: distinct("task"), queue: distinct("queue"), count: rows.length };
