@@ -255,18 +255,6 @@ export function checkJobOptions(
   return base;
 }
 
-/**
- * One job's arguments checked as {@linkcode enqueueJobs} checks them: the value to store
- * (the schema's output). Synchronous (no promise to wait for) when the task has no args
- * schema: a flow of thousands of steps would wait a turn for each.
- */
-export function checkJobArgs(
-  target: EnqueueTarget,
-  args: unknown,
-): Record<string, unknown> | Promise<Record<string, unknown>> {
-  return checkArgs(target, args);
-}
-
 /** The JSON text of checked arguments, refused over the size limit (`EnqueueError`). */
 export function argsText(
   host: EnqueueHost,
@@ -430,9 +418,9 @@ function checkKey(name: string, value: unknown): string | null {
  * Validate one job's arguments: against the task's schema when it has one (storing the
  * schema's output, which the schema must accept unchanged: the worker validates it again),
  * and as a JSON object that jsonb can carry faithfully. Synchronous without a schema, so a
- * batch costs no promise per element.
+ * batch (or a flow of thousands of steps) costs no promise per element.
  */
-function checkArgs(
+export function checkArgs(
   target: EnqueueTarget,
   args: unknown,
   index?: number,

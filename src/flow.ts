@@ -1,11 +1,12 @@
 /**
  * Flows: named steps, each a job of a task, with dependencies forming a DAG, enqueued
  * atomically (`app.enqueueFlow`). Each step is checked here as a single enqueue checks a
- * job; the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql) inserts
- * them, with ids in dependency order, in one call (a running job's children go through
- * `enqueue_flow`, migrations/0008_flows.sql, as SQL callers' flows do). A step with dependencies waits in state `waiting` until
- * they are terminal; the database's trigger queues it, or cancels it, in the transaction
- * that writes its last dependency's outcome.
+ * job; the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql, its
+ * body replaced in 0023_flow_enqueue_speed.sql) inserts them, with ids in dependency order, in
+ * one call (a running job's children go through `enqueue_flow`, migrations/0008_flows.sql, as
+ * SQL callers' flows do). A step with dependencies waits in state `waiting` until they are
+ * terminal; the database's trigger queues it, or cancels it, in the transaction that writes
+ * its last dependency's outcome.
  *
  * @module
  */
@@ -20,7 +21,7 @@ import {
 import {
   argsText,
   type Base,
-  checkJobArgs,
+  checkArgs,
   checkJobOptions,
   type EnqueueHost,
   type EnqueueOptions,
@@ -496,7 +497,7 @@ function checkStep(
     c.rows[i] = options === null
       ? checkJobOptions(target, NO_OPTIONS, bases)
       : checkJobOptions(target, options);
-    checked = checkJobArgs(target, args === undefined ? {} : args);
+    checked = checkArgs(target, args === undefined ? {} : args);
     if (!(checked instanceof Promise)) {
       c.args[i] = checked;
       c.texts[i] = argsText(host, target, checked);

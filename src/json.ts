@@ -14,11 +14,8 @@ const MAX_DEPTH = 200;
  * containing NUL or a lone surrogate.
  */
 export function jsonProblem(value: unknown, root = "value"): string | null {
-  // Most values have none: a walk that allocates nothing says so; the one below, which
-  // names the problem, runs only for the others.
-  if (carriesJson(value)) return null;
   // Paths are built only for the value that has a problem: the walk itself allocates
-  // nothing per value.
+  // nothing per value (it runs on every enqueued argument and every result).
   const ancestors: object[] = [];
   const steps: string[] = [];
   const visit = (v: unknown, depth: number): Problem | null => {
@@ -81,60 +78,6 @@ export function jsonProblem(value: unknown, root = "value"): string | null {
   };
   const problem = visit(value, 0);
   return problem ? problem(root + steps.reverse().join("")) : null;
-}
-
-/**
- * Whether `value` has none of {@linkcode jsonProblem}'s problems, by the same rules (false
- * for a cycle too): a walk that allocates nothing. Its objects on the path are kept in
- * `path`, from `path.length` on (a getter may call this again: its walk goes on above).
- */
-function carriesJson(value: unknown): boolean {
-  const base = path.length;
-  try {
-    return carries(value, 0);
-  } finally {
-    path.length = base;
-  }
-}
-
-/** The objects from the root to the value {@linkcode carries} looks at. */
-const path: object[] = [];
-
-function carries(v: unknown, depth: number): boolean {
-  switch (typeof v) {
-    case "string":
-      return stringProblem(v) === null;
-    case "boolean":
-      return true;
-    case "number":
-      return Number.isFinite(v);
-    case "undefined":
-    case "bigint":
-    case "function":
-    case "symbol":
-      return false;
-  }
-  if (v === null) return true;
-  if (depth > MAX_DEPTH) return false;
-  const obj = v as object;
-  if (path.includes(obj)) return false;
-  path.push(obj);
-  if (Array.isArray(obj)) {
-    for (let i = 0; i < obj.length; i++) {
-      if (!(i in obj) || !carries(obj[i], depth + 1)) return false;
-    }
-  } else {
-    const proto = Object.getPrototypeOf(obj);
-    if (proto !== Object.prototype && proto !== null) return false;
-    if (Object.getOwnPropertySymbols(obj).length) return false;
-    for (const key in obj) {
-      if (!Object.hasOwn(obj, key)) continue;
-      if (stringProblem(key) !== null) return false;
-      if (!carries((obj as Record<string, unknown>)[key], depth + 1)) return false;
-    }
-  }
-  path.pop();
-  return true;
 }
 
 /** A problem found at some path, described once the path is known. */
