@@ -159,13 +159,13 @@ interface Columns {
   /** Per dependency: the depending step's position in the order given (from 1). */
   depStep: number[];
   /**
-   * The position of the step it depends on (from 1), null for a job, or 0 for a step given
-   * after it (its name in `later`).
+   * The position of the step it depends on (from 1), null for a job, or 0 for a step not
+   * given before it (after it, or itself: its name in `later`).
    */
   depOn: (number | null)[];
   depJob: (string | null)[];
   depPolicy: OnDependencyFailure[];
-  /** The names of the steps given after the step that depends on them, by dependency. */
+  /** The names of the steps not given before the step that depends on them, by dependency. */
   later: Map<number, string>;
   /** Each step's position in the order given (from 0), by name, once checked. */
   position: Map<string, number>;
