@@ -6,7 +6,7 @@
 //
 //   deno task bench --scenario flows [--entries akadze,bullmq,pgboss] [--shapes fanout,chain,dag]
 //       [--fanout 10000] [--chain 1000] [--dag 10000] [--layers 20] [--rounds 1]
-//       [--timeout 900] [--out FILE.json] [--pg name=value]...
+//       [--timeout 900] [--out FILE.json] [--pg name=value]... [--base DIR]
 //   deno task bench --scenario flows --smoke   # tiny flows, akadze only, writes nothing
 import postgres from "postgres";
 import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
@@ -35,6 +35,8 @@ interface Flags {
   timeout: number;
   out?: string;
   pg: Record<string, string>;
+  /** Another checkout of akadze (e.g. main): its akadze entry runs too, as `base-akadze`. */
+  base?: string;
 }
 
 class UsageError extends Error {}
@@ -115,6 +117,9 @@ function parseFlags(args: readonly string[]): Flags {
       case "--out":
         flags.out = value();
         break;
+      case "--base":
+        flags.base = value().replace(/\/$/, "");
+        break;
       case "--pg": {
         const v = value();
         const eq = v.indexOf("=");
@@ -141,6 +146,8 @@ interface Entry {
   config: Record<string, unknown>;
   /** Why this entry does not run a shape of these sizes (null: it runs). */
   skip?: (shape: Shape, flags: Flags) => string | null;
+  /** akadze: the checkout whose bench/akadze/flows.ts runs it (`--base`), else this one. */
+  root?: string;
 }
 
 const ENTRIES: readonly Entry[] = [
@@ -243,10 +250,11 @@ async function runOne(
         worker: entry.config.worker as FlowsSpec["worker"],
         postmasterPid,
       };
+      const root = entry.root ?? ROOT;
       result = await runDriver<FlowResult>(`${entry.key} ${shape}`, Deno.execPath(), {
-        args: ["run", "--allow-all", `${BENCH}/akadze/flows.ts`, JSON.stringify(spec)],
+        args: ["run", "--allow-all", `${root}/bench/akadze/flows.ts`, JSON.stringify(spec)],
         env: { BENCH_CLK_TCK: String(CLK_TCK) },
-        cwd: ROOT,
+        cwd: root,
         timeoutMs,
       });
     } else {
@@ -490,11 +498,23 @@ export async function runFlows(args: readonly string[]): Promise<number> {
     console.error(
       "usage: deno task bench --scenario flows [--smoke] [--entries akadze,bullmq,pgboss]\n" +
         "       [--shapes fanout,chain,dag] [--fanout N] [--chain N] [--dag N] [--layers L]\n" +
-        "       [--rounds R] [--timeout SECONDS] [--out FILE.json] [--pg name=value]...",
+        "       [--rounds R] [--timeout SECONDS] [--out FILE.json] [--pg name=value]...\n" +
+        "       [--base DIR]",
     );
     return 2;
   }
-  const entries = flags.entries.map((k) => ENTRIES.find((e) => e.key === k)!);
+  const entries = flags.entries.flatMap((k) => {
+    const entry = ENTRIES.find((e) => e.key === k)!;
+    // With --base, each akadze entry runs from the other checkout too, right after or before it.
+    return entry.system === "akadze" && flags.base
+      ? [entry, {
+        ...entry,
+        key: `base-${k}`,
+        label: `${entry.label}, at ${flags.base}`,
+        root: flags.base,
+      }]
+      : [entry];
+  });
   const peers = entries.some((e) => e.system !== "akadze") ? await ensurePeers() : null;
 
   console.error("starting a durable throwaway PostgreSQL ...");
@@ -514,9 +534,17 @@ export async function runFlows(args: readonly string[]): Promise<number> {
       }
     }
     for (let round = 1; round <= flags.rounds && !wasInterrupted(); round++) {
-      // Rotated each round, so that no system always runs first.
+      // Rotated each round, so that no system always runs first; with --base, each entry and
+      // its base run one after the other, in turns first.
       const shift = (round - 1) % plan.length;
-      for (const [entry, shape] of [...plan.slice(shift), ...plan.slice(0, shift)]) {
+      const order = flags.base ? [...plan] : [...plan.slice(shift), ...plan.slice(0, shift)];
+      for (let i = 0; flags.base && round % 2 === 0 && i + 1 < order.length; i++) {
+        if (order[i + 1][0].key === `base-${order[i][0].key}`) {
+          [order[i], order[i + 1]] = [order[i + 1], order[i]];
+          i++;
+        }
+      }
+      for (const [entry, shape] of order) {
         if (wasInterrupted()) break;
         console.error(`round ${round}/${flags.rounds}: ${entry.key} ${shape} ...`);
         const run = await runOne(entry, shape, round, flags, server.url, admin, postmasterPid);

@@ -101,6 +101,50 @@ export function serializeArray(
 const NEEDS_ESCAPE = /["\\]/;
 
 /**
+ * A JS array of strings, numbers and nulls as a PostgreSQL array literal of one dimension,
+ * of the values {@linkcode serializeArray} writes for it (strings and numbers as their text;
+ * null as null). Made for arrays of thousands (a flow's columns): one value repeated is its
+ * text repeated, strings without a quote or backslash and numbers are joined at once.
+ *
+ * @example
+ * ```ts ignore
+ * arrayLiteral(["a", 'b"c', null]); // '{"a","b\\"c",null}'
+ * ```
+ */
+export function arrayLiteral(values: readonly (string | number | null)[]): string {
+  const n = values.length;
+  if (n === 0) return "{}";
+  const first = values[0];
+  let i = 1;
+  while (i < n && values[i] === first) i++;
+  if (i === n) return repeatedLiteral(first, n);
+  const kind = typeof first;
+  if (kind === "number" || kind === "string") {
+    while (i < n && typeof values[i] === kind) i++;
+    if (i === n && kind === "number") return `{${values.join(",")}}`;
+    if (i === n && !NEEDS_ESCAPE.test(values.join(","))) return `{"${values.join('","')}"}`;
+  }
+  let text = "{";
+  for (let k = 0; k < n; k++) text += k === 0 ? quote(values[k]) : `,${quote(values[k])}`;
+  return `${text}}`;
+}
+
+/** An array literal of `n` (at least one) elements, each `value`. */
+export function repeatedLiteral(value: string | number | null, n: number): string {
+  const element = quote(value);
+  return `{${`${element},`.repeat(n - 1)}${element}}`;
+}
+
+/** One element of an array literal: null, or the value's text quoted (and escaped). */
+function quote(value: string | number | null): string {
+  if (value === null) return "null";
+  const text = typeof value === "string" ? value : String(value);
+  return NEEDS_ESCAPE.test(text)
+    ? `"${text.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`
+    : `"${text}"`;
+}
+
+/**
  * A PostgreSQL array's text form (`{a,"b c",NULL}`, nested for more dimensions) as a JS
  * array, each element read by `parse` (as text without it); an unquoted NULL is null.
  */

@@ -236,59 +236,32 @@ export async function enqueueJobs(
     ));
 }
 
-/** One job checked as {@linkcode enqueueJobs} checks it: its columns and arguments' JSON. */
-export interface CheckedJob extends Base {
-  /** The arguments to store (the schema's output). */
-  args: Record<string, unknown>;
-  /** Their JSON text. */
-  text: string;
-}
-
 /**
- * Check one job's options and arguments as {@linkcode enqueueJobs} does (the steps of a
- * flow are checked so); throws `EnqueueError`. Synchronous (no promise to wait for) when the
- * task has no args schema: a flow of thousands of steps would wait a turn for each.
+ * One job's options checked as {@linkcode enqueueJobs} checks them (the steps of a flow are
+ * checked so), its queue name too; throws `EnqueueError`. With `bases`, the options (the same
+ * for each call) are checked once per target and the same object is returned for it: a
+ * caller never changes it.
  */
-export function checkJob(
-  host: EnqueueHost,
+export function checkJobOptions(
   target: EnqueueTarget,
-  args: unknown,
   options: Omit<EnqueueOptions, "session">,
   bases?: Map<EnqueueTarget, Base>,
-): CheckedJob | Promise<CheckedJob> {
-  // `bases`: the options (the same for each call) checked once per target, for many jobs.
-  let base: Base;
+): Base {
   const known = bases?.get(target);
-  if (known) base = { ...known };
-  else {
-    base = checkOptions(target, options);
-    checkQueueName(base.queue, EnqueueError);
-    bases?.set(target, { ...base });
-  }
-  const checked = checkArgs(target, args);
-  if (checked instanceof Promise) {
-    return checked.then((value) => withArgs(host, target, base, value));
-  }
-  return withArgs(host, target, base, checked);
+  if (known) return known;
+  const base = checkOptions(target, options);
+  checkQueueName(base.queue, EnqueueError);
+  bases?.set(target, base);
+  return base;
 }
 
-/** `base` with the checked arguments and their JSON text (refused over the size limit). */
-function withArgs(
+/** The JSON text of checked arguments, refused over the size limit (`EnqueueError`). */
+export function argsText(
   host: EnqueueHost,
   target: EnqueueTarget,
-  base: Base,
   args: Record<string, unknown>,
-): CheckedJob {
-  const text = checkSize(
-    target,
-    JSON.stringify(args),
-    host.maxArgsBytes ?? MAX_ARGS_BYTES,
-    undefined,
-  );
-  const job = base as CheckedJob;
-  job.args = args;
-  job.text = text;
-  return job;
+): string {
+  return checkSize(target, JSON.stringify(args), host.maxArgsBytes ?? MAX_ARGS_BYTES, undefined);
 }
 
 /**
@@ -445,9 +418,9 @@ function checkKey(name: string, value: unknown): string | null {
  * Validate one job's arguments: against the task's schema when it has one (storing the
  * schema's output, which the schema must accept unchanged: the worker validates it again),
  * and as a JSON object that jsonb can carry faithfully. Synchronous without a schema, so a
- * batch costs no promise per element.
+ * batch (or a flow of thousands of steps) costs no promise per element.
  */
-function checkArgs(
+export function checkArgs(
   target: EnqueueTarget,
   args: unknown,
   index?: number,

@@ -1,11 +1,12 @@
 /**
  * Flows: named steps, each a job of a task, with dependencies forming a DAG, enqueued
  * atomically (`app.enqueueFlow`). Each step is checked here as a single enqueue checks a
- * job; the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql) inserts
- * them, with ids in dependency order, in one call (a running job's children go through
- * `enqueue_flow`, migrations/0008_flows.sql, as SQL callers' flows do). A step with dependencies waits in state `waiting` until
- * they are terminal; the database's trigger queues it, or cancels it, in the transaction
- * that writes its last dependency's outcome.
+ * job; the SQL function `enqueue_flow_steps` (migrations/0019_flow_steps_hand_off.sql, its
+ * body replaced in 0023_flow_enqueue_speed.sql) inserts them, with ids in dependency order, in
+ * one call (a running job's children go through `enqueue_flow`, migrations/0008_flows.sql, as
+ * SQL callers' flows do). A step with dependencies waits in state `waiting` until they are
+ * terminal; the database's trigger queues it, or cancels it, in the transaction that writes
+ * its last dependency's outcome.
  *
  * @module
  */
@@ -18,9 +19,10 @@ import {
   type TransactionSql,
 } from "./db.ts";
 import {
+  argsText,
   type Base,
-  type CheckedJob,
-  checkJob,
+  checkArgs,
+  checkJobOptions,
   type EnqueueHost,
   type EnqueueOptions,
   type EnqueueTarget,
@@ -30,6 +32,7 @@ import {
 import { DuplicateJob, EnqueueError } from "./errors.ts";
 import type { EnqueuedJob } from "./job.ts";
 import { isPlainObject } from "./json.ts";
+import { arrayLiteral, repeatedLiteral } from "./array_types.ts";
 import { isNodePostgres, type NodePostgresClient } from "./node_postgres.ts";
 import { tracePublish } from "./tracing.ts";
 
@@ -106,7 +109,7 @@ const STEP_KEYS = new Set([
   ...[...OPTION_NAMES].filter((name) => name !== "session" && !KEY_MODE_NAMES.has(name)),
 ]);
 
-/** A step checked, in the shape the SQL function takes. */
+/** A step checked, in the shape the SQL function `enqueue_flow` takes (see prepareFlow). */
 interface SqlStep {
   name: string;
   task: string;
@@ -126,6 +129,49 @@ interface SqlStep {
 }
 
 /**
+ * The steps of a flow checked, as columns: one element per step in dependency order (each
+ * step after the steps it depends on), and the dependencies grouped by step in that order.
+ */
+interface CheckedFlow {
+  /** The steps' names. */
+  names: string[];
+  /** Their rows: the task and the options (steps without options of their own share one). */
+  rows: Base[];
+  /** Their arguments (the schema's output) and the arguments' JSON text. */
+  args: Record<string, unknown>[];
+  texts: string[];
+  /** Per dependency: the depending step's position (from 1). */
+  depStep: number[];
+  /** The position of the step it depends on, or null for an existing job. */
+  depOn: (number | null)[];
+  /** The existing job's id, or null for a step. */
+  depJob: (string | null)[];
+  /** What its failure does. */
+  depPolicy: OnDependencyFailure[];
+}
+
+/** A flow's steps being checked, in the order given (see checkStep). */
+interface Columns {
+  names: string[];
+  rows: Base[];
+  args: Record<string, unknown>[];
+  texts: string[];
+  /** Per dependency: the depending step's position in the order given (from 1). */
+  depStep: number[];
+  /**
+   * The position of the step it depends on (from 1), null for a job, or 0 for a step not
+   * given before it (after it, or itself: its name in `later`).
+   */
+  depOn: (number | null)[];
+  depJob: (string | null)[];
+  depPolicy: OnDependencyFailure[];
+  /** The names of the steps not given before the step that depends on them, by dependency. */
+  later: Map<number, string>;
+  /** Each step's position in the order given (from 0), by name, once checked. */
+  position: Map<string, number>;
+}
+
+/**
  * Check every step of `steps`, then insert them all in one statement; returns the flow id
  * and each step's job id. Throws `EnqueueError` (a bad step, a cycle, a dependency on a job
  * that does not exist) or `DuplicateJob`, with nothing inserted.
@@ -141,7 +187,7 @@ export async function enqueueFlow(
       throw new EnqueueError(`unknown flow option "${key}" (options: session)`);
     }
   }
-  const { ordered, texts } = await checkFlow(host, steps);
+  const flow = await checkFlow(host, steps);
   if (host.hooks.onEnqueue.length > 0 && isNodePostgres(options.session)) {
     throw new EnqueueError(
       "cannot enqueue a flow on a node-postgres session: this app has onEnqueue hooks, which " +
@@ -153,17 +199,18 @@ export async function enqueueFlow(
   const text = flowStatement(s);
   // The trace context (JSON text, the last parameter) is the enqueue span's, set below when
   // tracing is on.
-  const params = flowParams(ordered, texts);
+  const params = flowParams(flow);
   const traceAt = params.length - 1;
   const hooks = host.hooks.onEnqueue;
-  // The steps' job ids, in the order of `ordered`.
+  const { names, rows } = flow;
+  // The steps' job ids, in dependency order.
   const run = async (tx: Sql | TransactionSql | NodePostgresClient): Promise<string[]> => {
     const [row] = isNodePostgres(tx)
       ? (await tx.query(text, params)).rows as Record<string, unknown>[]
       : await tx.unsafe(text, params as never, PREPARED);
     const ids = (row.ids as string).split(",");
     if (hooks.length === 0) return ids;
-    const stepOf = new Map(ids.map((id, i) => [id, ordered[i]]));
+    const stepOf = new Map(ids.map((id, i) => [id, rows[i]]));
     // The columns an enqueue reads back (the enqueue role's grant); the rest are the steps'.
     const inserted = await (tx as TransactionSql).unsafe(
       `select id::pg_catalog.text as id, run_at, expires_at, args::pg_catalog.jsonb as args
@@ -180,8 +227,8 @@ export async function enqueueFlow(
         maxAttempts: step.max_attempts,
         runAt: row.run_at,
         expiresAt: row.expires_at,
-        uniqueKey: step.unique_key ?? null,
-        limitKey: step.limit_key ?? null,
+        uniqueKey: step.unique_key,
+        limitKey: step.limit_key,
         args: row.args,
       };
       for (const hook of hooks) await hook(tx as TransactionSql, job);
@@ -190,9 +237,15 @@ export async function enqueueFlow(
   };
   const session = options.session ?? host.sql;
   let ids: string[] = [];
-  const distinct = (key: "task" | "queue") =>
-    [...new Set(ordered.map((step) => step[key]))].join(",");
-  const target = { task: distinct("task"), queue: distinct("queue"), count: ordered.length };
+  const distinct = (key: "task" | "queue") => {
+    const seen = new Set<string>();
+    // Steps without options share their task's row: each row looked at once in a run.
+    for (let i = 0; i < rows.length; i++) {
+      if (i === 0 || rows[i] !== rows[i - 1]) seen.add(rows[i][key]);
+    }
+    return [...seen].join(",");
+  };
+  const target = { task: distinct("task"), queue: distinct("queue"), count: rows.length };
   try {
     await tracePublish(target, async (traceContext) => {
       params[traceAt] = traceContext;
@@ -208,7 +261,7 @@ export async function enqueueFlow(
     throw flowError(error);
   }
   const jobs: Record<string, string> = {};
-  for (let i = 0; i < ids.length; i++) jobs[ordered[i].name] = ids[i];
+  for (let i = 0; i < ids.length; i++) jobs[names[i]] = ids[i];
   return { id: ids[0], jobs };
 }
 
@@ -220,51 +273,109 @@ export async function prepareFlow(
   host: FlowHost,
   steps: Record<string, FlowStep>,
 ): Promise<unknown[]> {
-  return (await checkFlow(host, steps)).ordered;
+  const flow = await checkFlow(host, steps);
+  const ordered: SqlStep[] = flow.names.map((name, i) => {
+    const row = flow.rows[i];
+    const step: SqlStep = {
+      name,
+      task: row.task,
+      args: flow.args[i],
+      queue: row.queue,
+      priority: row.priority,
+      max_attempts: row.max_attempts,
+    };
+    if (row.run_at !== null) step.run_at = row.run_at;
+    if (row.delay_ms !== null) step.delay_ms = row.delay_ms;
+    if (row.expires_at !== null) step.expires_at = row.expires_at;
+    if (row.unique_key !== null) step.unique_key = row.unique_key;
+    if (row.limit_key !== null) step.limit_key = row.limit_key;
+    return step;
+  });
+  for (let k = 0; k < flow.depStep.length; k++) {
+    const step = ordered[flow.depStep[k] - 1];
+    const on = flow.depOn[k];
+    const policy = flow.depPolicy[k];
+    (step.depends_on ??= []).push(
+      on === null
+        ? { job: flow.depJob[k]!, on_failure: policy }
+        : { step: flow.names[on - 1], on_failure: policy },
+    );
+  }
+  return ordered;
 }
 
 /**
- * The steps of `steps` checked, in dependency order (see {@linkcode prepareFlow}), and each
- * step's arguments as JSON text, by name (the checks' own, not made again).
+ * The steps of `steps` checked (each as {@linkcode checkStep} checks it), in dependency order.
+ * Most flows are written in that order: then nothing is sorted.
  */
-async function checkFlow(
-  host: FlowHost,
-  steps: Record<string, FlowStep>,
-): Promise<{ ordered: SqlStep[]; texts: Map<string, string> }> {
-  if (!isPlainObject(steps) || Object.keys(steps).length === 0) {
+async function checkFlow(host: FlowHost, steps: Record<string, FlowStep>): Promise<CheckedFlow> {
+  const names = isPlainObject(steps) ? Object.keys(steps) : [];
+  if (names.length === 0) {
     throw new EnqueueError(
       "a flow is an object of named steps, e.g. { fetch: { task: fetch, args: { url } } }",
     );
   }
-  const names = Object.keys(steps);
-  const checked: SqlStep[] = new Array(names.length);
-  const deps = new Map<string, string[]>();
-  const texts = new Map<string, string>();
-  // Whether each step comes after the steps it depends on (as most flows are written): then
-  // the order given is the dependency order, and nothing is sorted.
-  const position = new Map<string, number>();
+  const n = names.length;
+  const c: Columns = {
+    names,
+    rows: new Array(n),
+    args: new Array(n),
+    texts: new Array(n),
+    depStep: [],
+    depOn: [],
+    depJob: [],
+    depPolicy: [],
+    later: new Map(),
+    position: new Map(),
+  };
   const bases = new Map<EnqueueTarget, Base>();
-  let sorted = true;
-  for (let i = 0; i < names.length; i++) {
-    const name = names[i];
-    const result = checkStep(host, name, steps[name], steps, bases);
-    const [step, stepDeps, text] = result instanceof Promise ? await result : result;
-    checked[i] = step;
-    deps.set(name, stepDeps);
-    texts.set(name, text);
-    for (let k = 0; k < stepDeps.length && sorted; k++) {
-      if (!(position.get(stepDeps[k])! < i)) sorted = false;
-    }
-    position.set(name, i);
+  for (let i = 0; i < n; i++) {
+    const checked = checkStep(host, names[i], i, steps[names[i]], steps, bases, c);
+    if (checked !== undefined) await checked;
   }
-  if (sorted) return { ordered: checked, texts };
-  const byName = new Map(checked.map((step) => [step.name, step]));
-  return { ordered: dependencyOrder(names, deps).map((name) => byName.get(name)!), texts };
+  if (c.later.size === 0) return c;
+  // Given in another order: the steps sorted (a cycle is an error), their dependencies with
+  // them.
+  const m = c.depStep.length;
+  const depName = (k: number) => c.depOn[k] === 0 ? c.later.get(k)! : names[c.depOn[k]! - 1];
+  const deps = new Map<string, string[]>(names.map((name) => [name, []]));
+  for (let k = 0; k < m; k++) {
+    if (c.depOn[k] !== null) deps.get(names[c.depStep[k] - 1])!.push(depName(k));
+  }
+  const order = dependencyOrder(names, deps).map((name) => c.position.get(name)!);
+  const at = new Array<number>(n);
+  for (let p = 0; p < n; p++) at[order[p]] = p;
+  // Each step's dependencies are together, in the order given: where each step's start.
+  const start = new Array<number>(n + 1).fill(0);
+  for (let k = 0; k < m; k++) start[c.depStep[k]]++;
+  for (let i = 0; i < n; i++) start[i + 1] += start[i];
+  const flow: CheckedFlow = {
+    names: order.map((i) => names[i]),
+    rows: order.map((i) => c.rows[i]),
+    args: order.map((i) => c.args[i]),
+    texts: order.map((i) => c.texts[i]),
+    depStep: new Array(m),
+    depOn: new Array(m),
+    depJob: new Array(m),
+    depPolicy: new Array(m),
+  };
+  let k = 0;
+  for (let p = 0; p < n; p++) {
+    const i = order[p];
+    for (let d = start[i]; d < start[i + 1]; d++, k++) {
+      flow.depStep[k] = p + 1;
+      flow.depOn[k] = c.depOn[d] === null ? null : at[c.position.get(depName(d))!] + 1;
+      flow.depJob[k] = c.depJob[d];
+      flow.depPolicy[k] = c.depPolicy[d];
+    }
+  }
+  return flow;
 }
 
 /**
  * The flow enqueue: the SQL function `enqueue_flow_steps`
- * (migrations/0019_flow_steps_hand_off.sql), which takes the steps as parallel arrays (see
+ * (migrations/0019_flow_steps_hand_off.sql, its body replaced in
+ * migrations/0023_flow_enqueue_speed.sql), which takes the steps as parallel arrays (see
  * {@linkcode flowParams}) and returns their ids, comma-separated here.
  */
 function flowStatement(s: string): string {
@@ -282,78 +393,44 @@ function flowStatement(s: string): string {
  * order (an optional column none of the steps sets is one null), the arguments as one JSON
  * array of their texts, the dependencies as four arrays (the step's position, the position of
  * the step it depends on or the existing job's id, the failure policy), and the trace context
- * (null here).
+ * (null here). The arrays are sent as array literals, written here (a column of one value
+ * repeated, as most are, is that value's text repeated).
  */
-function flowParams(ordered: readonly SqlStep[], texts: ReadonlyMap<string, string>): unknown[] {
-  const n = ordered.length;
-  const position = new Map<string, number>();
-  const columns = {
-    names: new Array<string>(n),
-    tasks: new Array<string>(n),
-    queues: new Array<string>(n),
-    priorities: new Array<number>(n),
-    maxAttempts: new Array<number>(n),
-    args: new Array<string>(n),
-    runAt: new Array<string | null>(n),
-    delayMs: new Array<number | null>(n),
-    expiresAt: new Array<string | null>(n),
-    uniqueKeys: new Array<string | null>(n),
-    limitKeys: new Array<string | null>(n),
-  };
-  const depStep: number[] = [];
-  const depOn: (number | null)[] = [];
-  const depJob: (string | null)[] = [];
-  const depPolicy: string[] = [];
-  for (let i = 0; i < n; i++) {
-    const step = ordered[i];
-    position.set(step.name, i + 1);
-    columns.names[i] = step.name;
-    columns.tasks[i] = step.task;
-    columns.queues[i] = step.queue;
-    columns.priorities[i] = step.priority;
-    columns.maxAttempts[i] = step.max_attempts;
-    columns.args[i] = texts.get(step.name)!;
-    columns.runAt[i] = step.run_at ?? null;
-    columns.delayMs[i] = step.delay_ms ?? null;
-    columns.expiresAt[i] = step.expires_at ?? null;
-    columns.uniqueKeys[i] = step.unique_key ?? null;
-    columns.limitKeys[i] = step.limit_key ?? null;
-    for (const dep of step.depends_on ?? []) {
-      depStep.push(i + 1);
-      // In dependency order: a step's dependencies have their positions already.
-      if ("step" in dep) {
-        depOn.push(position.get(dep.step)!);
-        depJob.push(null);
-      } else {
-        depOn.push(null);
-        depJob.push(dep.job);
-      }
-      depPolicy.push(dep.on_failure);
-    }
-  }
+function flowParams(flow: CheckedFlow): unknown[] {
+  const { rows } = flow;
   return [
-    columns.names,
-    columns.tasks,
-    columns.queues,
-    columns.priorities,
-    columns.maxAttempts,
-    `[${columns.args.join(",")}]`,
-    nullIfAllNull(columns.runAt),
-    nullIfAllNull(columns.delayMs),
-    nullIfAllNull(columns.expiresAt),
-    nullIfAllNull(columns.uniqueKeys),
-    nullIfAllNull(columns.limitKeys),
-    depStep,
-    depOn,
-    depJob,
-    depPolicy,
+    arrayLiteral(flow.names),
+    columnLiteral(rows, "task"),
+    columnLiteral(rows, "queue"),
+    columnLiteral(rows, "priority"),
+    columnLiteral(rows, "max_attempts"),
+    `[${flow.texts.join(",")}]`,
+    columnLiteral(rows, "run_at"),
+    columnLiteral(rows, "delay_ms"),
+    columnLiteral(rows, "expires_at"),
+    columnLiteral(rows, "unique_key"),
+    columnLiteral(rows, "limit_key"),
+    arrayLiteral(flow.depStep),
+    arrayLiteral(flow.depOn),
+    arrayLiteral(flow.depJob),
+    arrayLiteral(flow.depPolicy),
     null,
   ];
 }
 
-/** `values`, or null when every element is null (the function reads that as none set). */
-function nullIfAllNull<T>(values: (T | null)[]): (T | null)[] | null {
-  return values.every((v) => v === null) ? null : values;
+/**
+ * Column `key` of the steps' rows as an array literal, or null when no step sets it. Steps
+ * without options of their own share their task's row: one value, its text repeated.
+ */
+function columnLiteral(rows: readonly Base[], key: keyof Base): string | null {
+  const first = rows[0][key] ?? null;
+  let i = 1;
+  while (i < rows.length && (rows[i] === rows[0] || (rows[i][key] ?? null) === first)) i++;
+  if (i === rows.length && first === null) return null;
+  if (i === rows.length) return repeatedLiteral(first as string | number, rows.length);
+  const values = new Array<string | number | null>(rows.length);
+  for (let k = 0; k < rows.length; k++) values[k] = rows[k][key] ?? null;
+  return arrayLiteral(values);
 }
 
 /** The database's refusal of a flow as the error a single enqueue would raise. */
@@ -371,17 +448,19 @@ export function flowError(error: unknown): unknown {
 const NO_OPTIONS: Omit<EnqueueOptions, "session"> = Object.freeze({});
 
 /**
- * Check one step; returns it in the SQL function's shape, the steps it depends on and its
- * arguments' JSON text. Synchronous unless the task's args schema is (a flow of thousands of
- * steps would otherwise wait a turn for each).
+ * Check step `name`, the `i`th of `steps`, as a single enqueue checks a job, and its
+ * dependencies; adds it to the columns `c`. Synchronous unless the task's args schema is (a
+ * flow of thousands of steps would otherwise wait a turn for each).
  */
 function checkStep(
   host: FlowHost,
   name: string,
+  i: number,
   step: FlowStep,
   steps: Record<string, FlowStep>,
   bases: Map<EnqueueTarget, Base>,
-): [SqlStep, string[], string] | Promise<[SqlStep, string[], string]> {
+  c: Columns,
+): Promise<void> | undefined {
   if (name.length === 0 || name.length > 200) {
     throw new EnqueueError(`step names must be 1 to 200 characters, got ${JSON.stringify(name)}`);
   }
@@ -412,22 +491,53 @@ function checkStep(
         : `${where(name)} needs a task: a task of this app, or its name`,
     );
   }
-  let job: CheckedJob | Promise<CheckedJob>;
+  let checked: Record<string, unknown> | Promise<Record<string, unknown>>;
   try {
     // A step without options of its own has its task's: checked once per task and flow.
-    job = options === null
-      ? checkJob(host, target, args === undefined ? {} : args, NO_OPTIONS, bases)
-      : checkJob(host, target, args === undefined ? {} : args, options);
+    c.rows[i] = options === null
+      ? checkJobOptions(target, NO_OPTIONS, bases)
+      : checkJobOptions(target, options);
+    checked = checkArgs(target, args === undefined ? {} : args);
+    if (!(checked instanceof Promise)) {
+      c.args[i] = checked;
+      c.texts[i] = argsText(host, target, checked);
+    }
   } catch (error) {
     throw stepError(name, error);
   }
-  if (!(job instanceof Promise)) return stepOf(name, job, dependsOn, steps);
-  return job.then(
-    (job) => stepOf(name, job, dependsOn, steps),
+  if (!(checked instanceof Promise)) {
+    checkDependencies(name, i, dependsOn, steps, c);
+    return;
+  }
+  return checked.then(
+    (value) => {
+      try {
+        c.args[i] = value;
+        c.texts[i] = argsText(host, target, value);
+      } catch (error) {
+        throw stepError(name, error);
+      }
+      checkDependencies(name, i, dependsOn, steps, c);
+    },
     (error) => {
       throw stepError(name, error);
     },
   );
+}
+
+/**
+ * Whether step `step` (given at `before`, or after the step being checked when undefined) is
+ * among the dependencies listed from `start` on.
+ */
+function listed(c: Columns, start: number, step: string, before: number | undefined): boolean {
+  for (let k = start; k < c.depOn.length; k++) {
+    const on = c.depOn[k];
+    if (on === null) continue;
+    if (before === undefined ? on === 0 && c.later.get(k) === step : on === before + 1) {
+      return true;
+    }
+  }
+  return false;
 }
 
 /** How an error message names step `name` (made only for an error). */
@@ -441,51 +551,43 @@ function stepError(name: string, error: unknown): unknown {
   return new EnqueueError(`${where(name)}: ${error.message}; nothing of this flow was enqueued`);
 }
 
-/** A step checked by {@linkcode checkStep}: its row, its dependencies, its arguments' text. */
-function stepOf(
+/**
+ * Check the dependencies of step `name`, the `i`th (`dependsOn`: step names, or { step } / {
+ * job } objects with an optional onFailure), and add them to the columns `c`; then the step
+ * counts as checked (its position known).
+ */
+function checkDependencies(
   name: string,
-  job: CheckedJob,
+  i: number,
   dependsOn: FlowStep["dependsOn"],
   steps: Record<string, FlowStep>,
-): [SqlStep, string[], string] {
-  const out: SqlStep = {
-    name,
-    task: job.task,
-    args: job.args,
-    queue: job.queue,
-    priority: job.priority,
-    max_attempts: job.max_attempts,
-  };
-  if (job.run_at !== null) out.run_at = job.run_at;
-  if (job.delay_ms !== null) out.delay_ms = job.delay_ms;
-  if (job.expires_at !== null) out.expires_at = job.expires_at;
-  if (job.unique_key !== null) out.unique_key = job.unique_key;
-  if (job.limit_key !== null) out.limit_key = job.limit_key;
-  const stepDeps: string[] = [];
+  c: Columns,
+): void {
+  const start = c.depStep.length;
   if (dependsOn !== undefined) {
     if (!Array.isArray(dependsOn)) {
       throw new EnqueueError(
         `${where(name)}: dependsOn must be an array of step names or { step } / { job } objects`,
       );
     }
-    const dependencies: NonNullable<SqlStep["depends_on"]> = out.depends_on = [];
     // A set only for a long list (a fan-in's): most steps list one or two.
     const seenSteps = dependsOn.length > 8 ? new Set<string>() : null;
     let seenJobs: Set<string> | undefined;
-    for (const dep of dependsOn) {
+    for (let d = 0; d < dependsOn.length; d++) {
+      const dep = dependsOn[d];
       // A step name, the common case: no object to make and look into.
       let stepName: unknown = dep;
       let onFailure: unknown = "cancel";
       let jobId: unknown = undefined;
       if (typeof dep !== "string") {
-        const d = dep as { step?: unknown; job?: unknown; onFailure?: unknown };
-        if (!isPlainObject(d) || (d.step === undefined) === (d.job === undefined)) {
+        const o = dep as { step?: unknown; job?: unknown; onFailure?: unknown };
+        if (!isPlainObject(o) || (o.step === undefined) === (o.job === undefined)) {
           throw new EnqueueError(
             `${where(name)}: each dependency is a step name, { step: name } or { job: id }, ` +
               "with an optional onFailure",
           );
         }
-        for (const key of Object.keys(d)) {
+        for (const key of Object.keys(o)) {
           if (key !== "step" && key !== "job" && key !== "onFailure") {
             throw new EnqueueError(
               `${
@@ -494,7 +596,7 @@ function stepOf(
             );
           }
         }
-        onFailure = d.onFailure ?? "cancel";
+        onFailure = o.onFailure ?? "cancel";
         if (!ON_FAILURE.includes(onFailure as OnDependencyFailure)) {
           throw new EnqueueError(
             `${where(name)}: onFailure must be ${ON_FAILURE.map((p) => `"${p}"`).join(", ")}, got ${
@@ -502,24 +604,31 @@ function stepOf(
             }`,
           );
         }
-        stepName = d.step;
-        jobId = d.job;
+        stepName = o.step;
+        jobId = o.job;
       }
       const policy = onFailure as OnDependencyFailure;
       if (stepName !== undefined) {
-        if (typeof stepName !== "string" || !Object.hasOwn(steps, stepName)) {
-          throw new EnqueueError(
-            `${where(name)} depends on ${
-              JSON.stringify(stepName)
-            }, which is not a step of this flow`,
-          );
+        // A step given before this one (in the order given: then no sort is needed), or later.
+        const before = c.position.get(stepName as string);
+        if (before === undefined) {
+          if (typeof stepName !== "string" || !Object.hasOwn(steps, stepName)) {
+            throw new EnqueueError(
+              `${where(name)} depends on ${
+                JSON.stringify(stepName)
+              }, which is not a step of this flow`,
+            );
+          }
         }
-        if (seenSteps ? seenSteps.has(stepName) : stepDeps.includes(stepName)) {
-          throw new EnqueueError(`${where(name)} lists the dependency ${stepName} twice`);
+        const step = stepName as string;
+        if (seenSteps ? seenSteps.has(step) : listed(c, start, step, before)) {
+          throw new EnqueueError(`${where(name)} lists the dependency ${step} twice`);
         }
-        seenSteps?.add(stepName);
-        stepDeps.push(stepName);
-        dependencies.push({ step: stepName, on_failure: policy });
+        seenSteps?.add(step);
+        if (before === undefined) c.later.set(c.depStep.length, step);
+        c.depStep.push(i + 1);
+        c.depOn.push(before === undefined ? 0 : before + 1);
+        c.depJob.push(null);
       } else {
         const id = typeof jobId === "string" || typeof jobId === "number" ? String(jobId) : "";
         if (!/^[1-9][0-9]{0,18}$/.test(id)) {
@@ -531,11 +640,14 @@ function stepOf(
           throw new EnqueueError(`${where(name)} lists job ${id} twice`);
         }
         seenJobs.add(id);
-        dependencies.push({ job: id, on_failure: policy });
+        c.depStep.push(i + 1);
+        c.depOn.push(null);
+        c.depJob.push(id);
       }
+      c.depPolicy.push(policy);
     }
   }
-  return [out, stepDeps, job.text];
+  c.position.set(name, i);
 }
 
 /**

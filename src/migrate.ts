@@ -26,6 +26,7 @@ import flowStepsHandOff from "../migrations/0019_flow_steps_hand_off.sql" with {
   type: "text",
 };
 import limitHandOff from "../migrations/0020_limit_hand_off.sql" with { type: "text" };
+import flowEnqueueSpeed from "../migrations/0023_flow_enqueue_speed.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -76,6 +77,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0018_flow_trace_context", sql: flowTraceContext },
   { version: "0019_flow_steps_hand_off", sql: flowStepsHandOff },
   { version: "0020_limit_hand_off", sql: limitHandOff },
+  { version: "0023_flow_enqueue_speed", sql: flowEnqueueSpeed },
 ];
 
 /** Options of {@linkcode migrate}. */

@@ -5,7 +5,13 @@
 // never learns them, so it is in that state for every statement, deterministically.
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
-import { installArrayTypes, parseArray, serializeArray } from "../src/array_types.ts";
+import {
+  arrayLiteral,
+  installArrayTypes,
+  parseArray,
+  repeatedLiteral,
+  serializeArray,
+} from "../src/array_types.ts";
 import { connect } from "../src/db.ts";
 import { Heartbeat } from "../src/worker/heartbeat.ts";
 import { assert, assertEquals } from "./assert.ts";
@@ -30,6 +36,38 @@ Deno.test("array literals: every element quoted and escaped, nested arrays, NULL
   ]);
   assertEquals(parseArray("{}"), []);
   assertEquals(parseArray("{{1,2},{3,4}}", Number), [[1, 2], [3, 4]]);
+});
+
+Deno.test("arrayLiteral writes the values serializeArray writes, one value repeated or not, as the server reads them", async () => {
+  const cases: (string | number | null)[][] = [
+    ["a", "b", "c"],
+    ["a", 'x"y', "b\\c", "", "NULL", "null", ",", "{}", "a b", "ü"],
+    ["same", "same", "same"],
+    ['q"', 'q"'],
+    [null, null],
+    [1, 2, -3, 40000],
+    [7, 7, 7],
+    [1, null, 3],
+    ["a", null, "c"],
+    [1.5, 31536000000],
+    ["one"],
+  ];
+  for (const values of cases) {
+    if (values.every((v) => typeof v === "string")) {
+      assertEquals(arrayLiteral(values), serializeArray(values, undefined), "the same text");
+    }
+  }
+  assertEquals(arrayLiteral([]), "{}");
+  assertEquals(repeatedLiteral("x", 3), '{"x","x","x"}');
+  assertEquals(repeatedLiteral(null, 2), "{null,null}");
+  await withDatabase("array_types_literal", async (_db, sql) => {
+    for (const values of cases) {
+      const [row] = await sql.unsafe("select array_to_json($1::text[]) as a", [
+        arrayLiteral(values),
+      ]);
+      assertEquals(row.a, values.map((v) => v === null ? null : String(v)));
+    }
+  });
 });
 
 Deno.test("a pool that never fetches the array types sends and reads arrays once they are installed", async () => {
