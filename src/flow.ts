@@ -150,21 +150,12 @@ interface CheckedFlow {
   depPolicy: OnDependencyFailure[];
 }
 
-/** A flow's steps being checked, in the order given (see checkStep). */
-interface Columns {
-  names: string[];
-  rows: Base[];
-  args: Record<string, unknown>[];
-  texts: string[];
-  /** Per dependency: the depending step's position in the order given (from 1). */
-  depStep: number[];
-  /**
-   * The position of the step it depends on (from 1), null for a job, or 0 for a step not
-   * given before it (after it, or itself: its name in `later`).
-   */
-  depOn: (number | null)[];
-  depJob: (string | null)[];
-  depPolicy: OnDependencyFailure[];
+/**
+ * A flow's steps being checked, in the order given (see checkStep): positions count in that
+ * order, and `depOn` is 0 for a step not given before the step that depends on it (after it,
+ * or itself: its name in `later`).
+ */
+interface Columns extends CheckedFlow {
   /** The names of the steps not given before the step that depends on them, by dependency. */
   later: Map<number, string>;
   /** Each step's position in the order given (from 0), by name, once checked. */
