@@ -89,10 +89,7 @@ export function serializeArray(
     const plain = typeof x === "object" && "type" in x && "value" in x
       ? (x as { value: unknown }).value
       : x;
-    const text = String(serialize ? serialize(plain) : plain);
-    parts[i] = NEEDS_ESCAPE.test(text)
-      ? `"${text.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`
-      : `"${text}"`;
+    parts[i] = quote(String(serialize ? serialize(plain) : plain));
   }
   return `{${parts.join(",")}}`;
 }
