@@ -8,7 +8,14 @@ import { startThrowawayPostgres } from "../src/throwaway_postgres.ts";
 import { installDriverGuard } from "../src/driver_guard.ts";
 import { Worker } from "../src/worker/worker.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { type HeldLocks, holdLocks, waitFor, waitForLockWait, within } from "./_helpers.ts";
+import {
+  type HeldLocks,
+  holdLocks,
+  waitFor,
+  waitForLockWait,
+  within,
+  withLogs,
+} from "./_helpers.ts";
 
 async function signalServer(pids: number[], signal: "SIGSTOP" | "SIGCONT"): Promise<void> {
   for (const pid of pids) {
@@ -182,4 +189,61 @@ Deno.test("a loop statement that gets no answer costs the worker neither its lea
     await admin.end({ timeout: 1 });
     await pg.stop();
   }
+});
+
+Deno.test("a loop statement answered while the event loop was held past the pass's bound keeps its connection", async () => {
+  // The answer comes while a computation holds the event loop for longer than the pass's
+  // bound (half the TTL): when the loop turns again, the late bound must not replace the
+  // connection whose answer is waiting to be read.
+  await withLogs(async (records) => {
+    const pg = await startThrowawayPostgres();
+    const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
+    let app: Akadze | undefined;
+    let worker: Worker | undefined;
+    let holder: postgres.Sql | undefined;
+    let probe: postgres.Sql | undefined;
+    try {
+      await admin`create database held_loop_test`;
+      const url = pg.url.replace(/\/postgres$/, "/held_loop_test");
+      await migrate(url);
+      probe = postgres(url, { max: 1, onnotice: () => {} });
+      holder = postgres(url, { max: 1, onnotice: () => {} });
+      app = new Akadze({ databaseUrl: url, max: 3 });
+      const ttl = 6_000;
+      worker = new Worker(app, { heartbeatInterval: 500, heartbeatTtl: ttl, pollInterval: 100 });
+      let ended: { code: number; reason: string } | null = null;
+      const exit = worker.run().then((result) => ended = result);
+      await waitFor(
+        async () => (await probe!`select 1 from akadze.workers`).length > 0,
+        "the worker",
+      );
+      // The server holds the lock for a second and then lets the claim go on its own,
+      // whatever this process's event loop does meanwhile.
+      const holding = holder.unsafe(`begin; lock table akadze.jobs in access exclusive mode;
+        select pg_catalog.pg_sleep(1); commit`).execute();
+      await waitForLockWait(probe, "the claim to wait on the lock");
+      // Held past the bound (3 s from the pass's start), while the claim's answer comes.
+      const end = performance.now() + ttl / 2 + 1_000;
+      while (performance.now() < end) { /* the loop is held */ }
+      const heldUntil = new Date();
+      await holding;
+      // A beat after the held loop: the pass that was waiting has ended by then.
+      await waitFor(async () => {
+        const [row] = await probe!`select heartbeat_at > ${heldUntil} as beat from akadze.workers`;
+        return row?.beat === true;
+      }, "a heartbeat after the held loop");
+      const replaced = records.filter((r) => r.properties.event === "loop_connection_replaced");
+      assertEquals(replaced.length, 0, "the connection was replaced though it answered");
+      assertEquals(ended, null, "the worker kept running");
+      worker.stop();
+      assertEquals((await within(exit, 30_000, "the worker to stop")).code, 0);
+    } finally {
+      worker?.stop();
+      await app?.close();
+      await holder?.end({ timeout: 1 });
+      await probe?.end({ timeout: 1 });
+      await admin.end({ timeout: 1 });
+      await pg.stop();
+    }
+  });
 });

@@ -49,6 +49,11 @@ export type { WorkerExit } from "./worker_exit.ts";
 const DB_BACKOFF_MAX = 30_000;
 /** How long the last writes (and a prune) may take once the loop is done (ms). */
 const RELEASE_TIMEOUT = 5_000;
+/**
+ * How late a loop pass's bound may fire before it counts as the event loop held (not a
+ * statement without an answer); it then looks again this much later.
+ */
+const PASS_GUARD_LATE = 250;
 /** A worker process that ended with jobs running (see `WorkerOptions.previousProcess`). */
 type PreviousProcess = NonNullable<WorkerOptions["previousProcess"]>;
 /** The fixed worker ids that ran in this process (a later run under one is no restart). */
@@ -471,10 +476,10 @@ export class Worker {
         if (!this.#stopRequested) [full, foundNothing] = await this.#claimPass();
         // After the claim, so it never delays a job.
         await this.#canceller.runIfDue();
-        clearTimeout(guard);
+        guard.clear();
         dbBackoff = 0;
       } catch (error) {
-        clearTimeout(guard);
+        guard.clear();
         if (!isTransientError(error)) return fatalExit(error, this.#app.schema);
         // A connection on a standby stays there: a new one tries the URL's hosts again.
         if (isReadOnlyError(error)) this.#connection.reset();
@@ -507,13 +512,24 @@ export class Worker {
    * statement (a claim that committed meanwhile is found by the next beat and put back), and
    * the next beat still comes within the lease. Returns the timer to clear.
    */
-  #guardPass(): ReturnType<typeof setTimeout> {
+  #guardPass(): { clear(): void } {
     const bound = this.config.heartbeatTtl / 2;
     this.#connection.forget();
-    return setTimeout(() => {
-      log.logLoopConnectionReplaced(this.id, Math.round(bound));
-      this.#connection.reset();
-    }, bound);
+    const startedAt = performance.now();
+    let timer: ReturnType<typeof setTimeout>;
+    const arm = (ms: number) => {
+      const due = performance.now() + ms;
+      timer = setTimeout(() => {
+        // A timer that fires late means the event loop itself was held (a handler computing),
+        // and a reply that came meanwhile is not read yet: look again once the loop has
+        // turned, instead of replacing a connection that answered.
+        if (performance.now() - due > PASS_GUARD_LATE) return arm(PASS_GUARD_LATE);
+        log.logLoopConnectionReplaced(this.id, Math.round(performance.now() - startedAt));
+        this.#connection.reset();
+      }, ms);
+    };
+    arm(bound);
+    return { clear: () => clearTimeout(timer) };
   }
 
   /**
