@@ -10,6 +10,7 @@
  *
  * @module
  */
+import { setImmediate } from "node:timers";
 import type { Sql } from "../db.ts";
 import type { DeadLetterTarget } from "../dead_letter.ts";
 import { AkadzeError } from "../errors.ts";
@@ -310,7 +311,9 @@ export class BatchCompleter {
   #scheduleFlush(): void {
     if (this.#flushing) return;
     // Start one macrotask later, so outcomes settling in the same turn share a statement.
-    this.#flushing = new Promise((r) => setTimeout(r, 0))
+    // Not setTimeout(0): from a timer's turn (a handler that waited on one) it fires 2-4 ms
+    // later, which every outcome would wait.
+    this.#flushing = new Promise((r) => setImmediate(r))
       .then(() => this.#flush())
       .finally(() => {
         this.#flushing = null;
