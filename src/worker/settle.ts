@@ -18,3 +18,22 @@ export async function settleWithin(promise: Promise<unknown> | null, ms: number)
   ]);
   clearTimeout(timer);
 }
+
+/**
+ * `promise`'s value, or a rejection once `ms` have passed without it (the promise goes on;
+ * its own later rejection is absorbed).
+ */
+export async function withinTime<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  promise.catch(() => {});
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), Math.max(0, ms));
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
