@@ -428,6 +428,26 @@ Deno.test("a success written through completeTx is logged once, like any other",
   });
 });
 
+Deno.test("a success written through completeTx is seen once by afterRun and onTransition hooks", async () => {
+  await withApp("w_complete_tx_hooks", async (app) => {
+    const after: string[] = [];
+    const transitions: string[] = [];
+    app.hooks.afterRun.push((job) => {
+      after.push(job.id);
+    });
+    app.hooks.onTransition.push((_tx, job, from, to) => {
+      if (from === "running") transitions.push(`${job.id}:${to}`);
+    });
+    const viaTx = app.task("viaTx", async (_args, ctx) => {
+      await ctx.completeTx(async () => {});
+    });
+    const ids = [await viaTx.enqueue(), await viaTx.enqueue(), await viaTx.enqueue()];
+    await new Worker(app, { batch: true, shutdownTimeout: 1_000 }).run();
+    assertEquals(after.sort(), [...ids].sort());
+    assertEquals(transitions.sort(), ids.map((id) => `${id}:succeeded`).sort());
+  });
+});
+
 Deno.test("completeTx rolls back on an error, a nested call, lost ownership and cancel", async () => {
   await withApp("w_complete_tx_fail", async (app, sql, db) => {
     await sql`create table public.writes (tag text)`;

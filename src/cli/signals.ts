@@ -53,3 +53,27 @@ export function countSignals(
     for (const [signal, listener] of installed) Deno.removeSignalListener(signal, listener);
   };
 }
+
+/**
+ * Wait for `step` unless a stop comes first: resolves with `true` when `step` finished
+ * (rethrowing its error), `false` when `signal` aborted before it did (the step goes on
+ * unwaited; its error is then nobody's). A start-up check against a database that never
+ * answers must not hold up a stop.
+ */
+export async function unlessStopped(step: Promise<unknown>, signal: AbortSignal): Promise<boolean> {
+  if (signal.aborted) {
+    step.catch(() => {});
+    return false;
+  }
+  let onAbort = () => {};
+  const aborted = new Promise<false>((resolve) => {
+    onAbort = () => resolve(false);
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+  step.catch(() => {});
+  try {
+    return await Promise.race([step.then(() => true as const), aborted]);
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+}

@@ -19,7 +19,7 @@ import { slotHeartbeatFile } from "./heartbeat_files.ts";
 import { assertAppModuleExists, loadApp, type LoadedApp, parseAppTarget } from "./load_app.ts";
 import { configureCliLogging } from "./logging.ts";
 import { safeText } from "./output.ts";
-import { handleStopSignals } from "./signals.ts";
+import { handleStopSignals, unlessStopped } from "./signals.ts";
 import { slotWorkerId, superviseWorkers, watchSupervisor } from "./supervisor.ts";
 import {
   DEFAULT_WORKER_POOL_SIZE,
@@ -161,7 +161,9 @@ export async function runAppWorker(
     if (app.tasks.size === 0) {
       log.warn("the app registers no tasks: nothing can run", { event: "app_without_tasks" });
     }
-    await assertMigrated(app, secrets);
+    // A stop during these checks (a database that does not answer) goes straight to the
+    // worker's own stop.
+    await unlessStopped(assertMigrated(app, secrets), signal);
     warnPoolSizeIgnored(app, line);
     // One check per start: a lone worker's, or the first start of a supervisor's slot 0,
     // for all its processes.
@@ -169,7 +171,7 @@ export async function runAppWorker(
     // server's connections.
     const processes = line.slot === undefined ? 1 : line.budgetProcesses;
     if (processes !== undefined && app.listenUrl === undefined) {
-      await checkConnectionBudget(app, processes);
+      await unlessStopped(checkConnectionBudget(app, processes), signal);
     }
     const exit = await worker.run({ signal });
     if (exit.code !== 0) {

@@ -104,6 +104,15 @@ export function logLoopConnectionReplaced(workerId: string, waitedMs: number): v
   );
 }
 
+/** `loop_left_on_stop`: a stop's bound passed while a statement of the loop got no answer. */
+export function logLoopLeftOnStop(workerId: string, shutdownTimeoutMs: number): void {
+  log.warn(
+    "worker {workerId} is stopping: a statement of its loop got no answer within the " +
+      "shutdown timeout ({shutdownTimeoutMs} ms), so it is left and the jobs are put back",
+    { event: "loop_left_on_stop", workerId, shutdownTimeoutMs },
+  );
+}
+
 /** `db_error_transient` for a failed outcome write, retried after `delay` ms. */
 export function logOutcomeRetry(delay: number, error: unknown): void {
   log.warn("outcome write failed, retrying in {delay} ms: {message}", {

@@ -18,3 +18,24 @@ export async function settleWithin(promise: Promise<unknown> | null, ms: number)
   ]);
   clearTimeout(timer);
 }
+
+/**
+ * `promise`'s value, or a rejection once `ms` have passed without it (the promise goes on;
+ * its own later rejection is absorbed).
+ */
+export async function withinTime<T>(promise: Promise<T>, ms: number): Promise<T> {
+  // No bound: a timer of Infinity ms would fire at once (it is cut to a 32-bit delay).
+  if (ms === Infinity) return await promise;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  promise.catch(() => {});
+  try {
+    return await Promise.race([
+      promise,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), Math.max(0, ms));
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

@@ -38,6 +38,7 @@ import { Pruner } from "./pruner.ts";
 import { Rescuer } from "./rescuer.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Slots } from "./slots.ts";
+import { withinTime } from "./settle.ts";
 import { Wake } from "./wake.ts";
 import { fatalExit, type WorkerExit } from "./worker_exit.ts";
 import { type MetricsServer, serveWorkerMetrics } from "./metrics_server.ts";
@@ -113,6 +114,10 @@ export class Worker {
   #offset = 0;
   #running = false;
   #stopRequested = false;
+  /** When the first stop was requested (performance.now()): the stop's deadline counts from it. */
+  #stopAt: number | null = null;
+  /** Set by run(): starts the stop's bound on a stop requested while it runs. */
+  #onStop: (() => void) | null = null;
   #executor: Executor;
   /** The run ended while its loop was stuck in a query (the watchdog): it runs nothing more. */
   #loopLeft = false;
@@ -270,6 +275,8 @@ export class Worker {
    */
   stop(): void {
     this.#stopRequested = true;
+    this.#stopAt ??= performance.now();
+    this.#onStop?.();
     this.#wake.up();
   }
 
@@ -324,6 +331,22 @@ export class Worker {
       this.#running = false;
       throw error;
     }
+    // A stop ends the loop within shutdownTimeout, whatever the database does: a statement
+    // of the loop that has not answered by then (a server that never replies) is left, as
+    // the watchdog leaves a stuck one, and the worker goes on to put its jobs back.
+    let stopTimer: ReturnType<typeof setTimeout> | undefined;
+    const stopBound = new Promise<WorkerExit>((resolve) => {
+      this.#onStop = () => {
+        if (stopTimer !== undefined || this.#loopEnded) return;
+        const left = this.#stopAt! + this.config.shutdownTimeout - performance.now();
+        stopTimer = setTimeout(() => {
+          this.#loopLeft = true;
+          log.logLoopLeftOnStop(this.id, this.config.shutdownTimeout);
+          resolve({ code: 0, reason: "stopped" });
+        }, Math.max(0, left));
+      };
+    });
+    if (this.#stopRequested) this.#onStop!();
     const onAbort = () => this.stop();
     options.signal?.addEventListener("abort", onAbort);
     if (options.signal?.aborted) this.stop();
@@ -349,8 +372,9 @@ export class Worker {
     const loop = this.#loop(listener);
     let ended = false;
     try {
-      exit = await Promise.race([loop, stalled]);
+      exit = await Promise.race([loop, stalled, stopBound]);
       this.#loopEnded = true;
+      clearTimeout(stopTimer);
       watch.stop();
       pruned = this.#pruner.settle(RELEASE_TIMEOUT);
       if (this.#exitCode !== null) {
@@ -364,6 +388,8 @@ export class Worker {
       else await this.#abandonRuns();
       ended = true;
     } finally {
+      clearTimeout(stopTimer);
+      this.#onStop = null;
       watch.stop();
       this.#blocks.stop();
       // Every run has settled: the sandbox threads go (a busy one would keep the process).
@@ -382,8 +408,11 @@ export class Worker {
     }
     try {
       // After a handler's Deno.exit too: its jobs are back, the process is about to end.
-      if (exit.code === 0 || this.#exitCode !== null) {
-        await this.#heartbeat.remove().catch(() => false);
+      // Bounded, and not tried when no beat ever got an answer: a worker row left behind
+      // expires with its lease and another worker removes it.
+      const registered = this.#heartbeat.lastSuccess !== null;
+      if (registered && (exit.code === 0 || this.#exitCode !== null)) {
+        await withinTime(this.#heartbeat.remove(), RELEASE_TIMEOUT).catch(() => false);
       }
       // A loop left stuck in a statement (the watchdog) keeps its connection until that
       // statement returns: cutting it could leave a claim committed that no one puts back.
@@ -671,13 +700,18 @@ export class Worker {
   /** Graceful drain: wait for running jobs, then put the rest back without spending attempts. */
   async #drain(untilDone: boolean): Promise<void> {
     this.#draining = true;
-    let deadline = untilDone ? Infinity : performance.now() + this.config.shutdownTimeout;
+    // Counted from the stop request: running jobs get shutdownTimeout from then.
+    const fromStop = () => (this.#stopAt ?? performance.now()) + this.config.shutdownTimeout;
+    let deadline = untilDone ? Infinity : fromStop();
     while (this.#slots.size > 0 && performance.now() < deadline) {
-      if (untilDone && this.#stopRequested && deadline === Infinity) {
-        deadline = performance.now() + this.config.shutdownTimeout;
-      }
+      if (untilDone && this.#stopRequested && deadline === Infinity) deadline = fromStop();
       await touchHeartbeatFile(this.config.heartbeatFile);
-      const beat = await this.#beatIfDue();
+      // A beat the database does not answer is not waited for past the deadline; the loop's
+      // connection it holds is then closed, and the last writes go through the pool.
+      const beat = await withinTime(this.#beatIfDue(), deadline - performance.now()).catch(() => {
+        this.#loopLeft = true;
+        return null;
+      });
       if (beat) break;
       await this.#wake.sleep(Math.min(deadline, this.#heartbeat.nextBeat) - performance.now());
     }
