@@ -19,6 +19,7 @@ import {
   ProxyTracerProvider,
   ROOT_CONTEXT,
   type Span,
+  type SpanContext,
   SpanKind,
   SpanStatusCode,
   trace,
@@ -194,6 +195,15 @@ export function endRunSpan(
     run.span.setStatus({ code: SpanStatusCode.ERROR, message: error.message });
   }
   run.span.end();
+}
+
+/**
+ * Call `fn` (a log call about a run that has ended) with the run's span context active, so
+ * that what it prints is exported with the run's trace and span ids, as what the handler
+ * printed is.
+ */
+export function inRunSpanContext<T>(spanContext: SpanContext, fn: () => T): T {
+  return context.with(trace.setSpanContext(ROOT_CONTEXT, spanContext), fn);
 }
 
 /** Record `error` on `span` as an exception event and set its status to error. */

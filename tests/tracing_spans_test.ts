@@ -24,7 +24,7 @@ import {
 import { DuplicateJob, Snooze } from "../src/errors.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
-import { startWorker, waitForJob, withApp } from "./_helpers.ts";
+import { startWorker, waitForJob, withApp, withLogs } from "./_helpers.ts";
 
 interface Recorded {
   name: string;
@@ -295,6 +295,67 @@ Deno.test("a flow's step handed off by its dependency's outcome write runs in a 
       assertEquals(runs.length, 1, `one run span for job ${id}`);
       assert(runs[0].ended);
       assertEquals(runs[0].attributes["akadze.outcome"], "succeeded");
+    }
+  });
+});
+
+Deno.test("the worker's record of a run's outcome carries the run's trace and span ids, written with the run's span active", async () => {
+  await withApp("tracing_spans_logs", async (app) => {
+    let runs = 0;
+    const flaky = app.task("spans.logged", { backoff: () => 0 }, () => {
+      if (++runs === 1) throw new Error("the first attempt fails");
+    });
+    // A success written by the handler's own transaction is logged apart from the batch.
+    const inTx = app.task("spans.in_tx", (_args, ctx) => ctx.completeTx(async () => {}));
+    const flakyId = await flaky.enqueue({});
+    const inTxId = await inTx.enqueue({});
+    // The span active when each record was written (what Deno's exporter reads).
+    const active = new Map<unknown, SpanContext | undefined>();
+    const records = await withLogs(async (records) => {
+      const push = records.push.bind(records);
+      records.push = (...items) => {
+        for (const r of items) active.set(r, trace.getSpanContext(context.active()));
+        return push(...items);
+      };
+      spans.length = 0;
+      assertEquals(await drain(app), 3);
+    });
+    const runOf = (id: string, attempt: number) =>
+      spans.find((s) =>
+        s.kind === CONSUMER && s.attributes["messaging.message.id"] === id &&
+        s.attributes["akadze.attempt"] === attempt
+      )!;
+    const states = records.filter((r) =>
+      typeof r.properties.event === "string" && r.properties.event.startsWith("job_")
+    );
+    const of = (event: string, id: string) => {
+      const record = states.find((r) => r.properties.event === event && r.properties.jobId === id);
+      assert(record, `a ${event} record for job ${id}`);
+      return record;
+    };
+    for (
+      const [record, run] of [
+        [of("job_retrying", flakyId), runOf(flakyId, 1)],
+        [of("job_succeeded", flakyId), runOf(flakyId, 2)],
+        [of("job_succeeded", inTxId), runOf(inTxId, 1)],
+      ] as const
+    ) {
+      assertEquals(
+        [record.properties.traceId, record.properties.spanId],
+        [run.context.traceId, run.context.spanId],
+      );
+      assertEquals(active.get(record)?.spanId, run.context.spanId);
+    }
+    // A retry's run is a trace of its own: its record is not in the first run's trace.
+    assert(
+      of("job_succeeded", flakyId).properties.traceId !==
+        of("job_retrying", flakyId).properties.traceId,
+    );
+    // Records that are not about one run carry no trace.
+    const other = records.filter((r) => !states.includes(r));
+    assert(other.length > 0);
+    for (const r of other) {
+      assertEquals([r.properties.traceId, active.get(r)], [undefined, undefined]);
     }
   });
 });

@@ -1,7 +1,8 @@
 // Tracing end to end, with Deno's own OpenTelemetry (OTEL_DENO=true) exporting OTLP/HTTP
 // JSON to a receiver in this test: an HTTP request to a web process, the PRODUCER spans of
-// the enqueues it makes (TypeScript and SQL), and the CONSUMER spans of the runs in a
-// worker process, all one trace; a retry's run is a new trace linked to its enqueue.
+// the enqueues it makes (jobs and a flow, from TypeScript and SQL), and the CONSUMER spans
+// of the runs in a worker process, all one trace; a retry's run is a new trace linked to its
+// enqueue. The log records of a run (the handler's and the worker's) carry the run's ids.
 import { assert, assertEquals } from "./assert.ts";
 import { waitFor, withDatabase } from "./_helpers.ts";
 import { type CliProcess, SLOW, spawnCli, spawnDeno, withProcesses } from "./_processes.ts";
@@ -97,7 +98,7 @@ function freePort(): number {
   return port;
 }
 
-Deno.test("one trace runs from an HTTP request through the enqueue to the job's run, and a retry's run links to its enqueue; logs carry the run's ids and the counters reach the meter", async () => {
+Deno.test("one trace runs from an HTTP request through the enqueue (jobs and flows, from TypeScript and SQL) to the runs, and a retry's run links to its enqueue; a run's log records, the handler's and the worker's, carry its ids, and the counters reach the meter", async () => {
   const receiver = startReceiver();
   try {
     await withDatabase("tracing_end_to_end", async (db, sql) => {
@@ -120,14 +121,17 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
         await waitFor(() => web.stderr().includes("listening"), "the web process to listen", SLOW);
         const response = await fetch(`http://127.0.0.1:${port}/signup`, { method: "POST" });
         assertEquals(response.status, 200);
-        const { pingId, flakyId, sqlId, traceparent } = await response.json();
+        const { pingId, flakyId, flow, sqlId, sqlFlow, traceparent } = await response.json();
+        const steps = [...Object.values(flow), ...Object.values(sqlFlow)] as string[];
 
         const runs = (id: string) =>
           receiver.spans.filter((s) =>
             s.kind === CONSUMER && attr(s.attributes, "messaging.message.id") === id
           );
         await waitFor(
-          () => runs(pingId).length === 1 && runs(sqlId).length === 1 && runs(flakyId).length === 2,
+          () =>
+            runs(pingId).length === 1 && runs(sqlId).length === 1 &&
+            runs(flakyId).length === 2 && steps.every((id) => runs(id).length === 1),
           `the runs' spans (got ${receiver.spans.length} spans)`,
           SLOW,
         );
@@ -190,6 +194,29 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
         const [fromSql] = runs(sqlId);
         assertEquals([fromSql.traceId, fromSql.parentSpanId], [traceId, server!.spanId]);
 
+        // A flow's enqueue is one PRODUCER span in the request's trace; each step's run is its
+        // child. A flow enqueued from SQL joined the request's trace through akadze.traceparent.
+        const flowProducers = producers.filter((s) =>
+          attr(s.attributes, "akadze.task") === "traced.step"
+        );
+        assertEquals(flowProducers.length, 1, "one PRODUCER span for the flow");
+        const [flowProducer] = flowProducers;
+        assertEquals([flowProducer.traceId, flowProducer.parentSpanId], [traceId, server!.spanId]);
+        assertEquals(flowProducer.name, "publish default");
+        assertEquals(attr(flowProducer.attributes, "messaging.batch.message_count"), 2);
+        for (const id of Object.values(flow) as string[]) {
+          const [run] = runs(id);
+          assertEquals(
+            [run.traceId, run.parentSpanId],
+            [traceId, flowProducer.spanId],
+            `step ${id}`,
+          );
+        }
+        for (const id of Object.values(sqlFlow) as string[]) {
+          const [run] = runs(id);
+          assertEquals([run.traceId, run.parentSpanId], [traceId, server!.spanId], `step ${id}`);
+        }
+
         // The failed first attempt records its error; the retry is linked, in a trace of its own.
         const flakyProducer = producerOf(flakyId)!;
         const [first, second] = runs(flakyId).sort((a, b) =>
@@ -222,6 +249,22 @@ Deno.test("one trace runs from an HTTP request through the enqueue to the job's 
         const logged = worker.records().find((r) => r.message === "traced ping 1 logged");
         assert(logged, `the handler's LogTape record in:\n${worker.stderr()}`);
         assertEquals([logged.traceId, logged.spanId], [ping.traceId, ping.spanId]);
+        // The worker's own record of a run's outcome carries that run's ids, on stderr and in
+        // what Deno exported of it.
+        for (const [event, run] of [["job_retrying", first], ["job_succeeded", second]] as const) {
+          const [record] = await worker.waitForEvent(event, (r) => r.jobId === flakyId);
+          assertEquals([record.traceId, record.spanId], [run.traceId, run.spanId], event);
+          const exported = await waitFor(
+            () =>
+              receiver.logs.find((l) =>
+                l.body.stringValue?.includes(`"event":"${event}"`) &&
+                l.body.stringValue.includes(`"jobId":"${flakyId}"`)
+              ),
+            `the exported ${event} record`,
+            SLOW,
+          );
+          assertEquals([exported!.traceId, exported!.spanId], [run.traceId, run.spanId], event);
+        }
 
         // The worker's counters, through the meter (read at each export interval).
         const finished = await waitFor(

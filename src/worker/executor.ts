@@ -36,6 +36,7 @@ import { JOB_RETURNING, type JobRow, runTransitionHooks, toJobInfo } from "./job
 import { LOOP_BLOCK_WARN_DEFAULT, type RunRef } from "./loop_blocks.ts";
 import { ProgressReporter, progressStatement } from "./progress.ts";
 import { activeTracer, endRunSpan, inRunSpan, startRunSpan } from "../tracing.ts";
+import type { SpanContext } from "@opentelemetry/api";
 import { SandboxPool } from "./sandbox_pool.ts";
 
 /**
@@ -60,7 +61,11 @@ export interface Execution {
  * wrote it, and how long the run took (ms, for the metrics). It may be called before
  * `start` returns (a synchronous handler).
  */
-export type OnOutcome = (outcome: Outcome | null, durationMs: number) => void;
+export type OnOutcome = (
+  outcome: Outcome | null,
+  durationMs: number,
+  span: SpanContext | undefined,
+) => void;
 
 /** Options of an {@linkcode Executor}. */
 export interface ExecutorOptions {
@@ -131,10 +136,12 @@ export class Executor {
       // Only a failed run's outcome says how long it took (the log of its failure).
       if (outcome?.error) outcome.durationMs = Math.round(durationMs);
       if (span) endRunSpan(span, job, outcome?.kind ?? "succeeded", outcome?.error);
+      // The run's span, for the log record of its outcome (tracing on).
+      const spanContext = span?.span.spanContext();
       // The last progress is written before the outcome (only runs that reported wait).
       const progress = ctx.finishProgress();
-      if (progress === null) return onOutcome(outcome, durationMs);
-      progress.then(() => onOutcome(outcome, durationMs));
+      if (progress === null) return onOutcome(outcome, durationMs, spanContext);
+      progress.then(() => onOutcome(outcome, durationMs, spanContext));
     };
     const interrupt = (reason: Interrupt, error?: Error) => {
       if (finished) return;

@@ -6,9 +6,11 @@
  *
  * @module
  */
+import type { SpanContext } from "@opentelemetry/api";
 import { describeError } from "../db.ts";
 import { attemptNumber } from "../job.ts";
 import { logger } from "../log.ts";
+import { inRunSpanContext } from "../tracing.ts";
 import type { Outcome } from "./completer.ts";
 import type { WrittenRow } from "./completer.ts";
 import type { JobRow } from "./job_row.ts";
@@ -27,6 +29,11 @@ export interface LoggedJob {
   attempt: number;
   /** The attempt budget. */
   max_attempts: number;
+  /**
+   * The run's span (tracing on): the record of its outcome carries its `traceId` and
+   * `spanId`, and is written with it active.
+   */
+  span?: SpanContext;
 }
 
 /** How a run ended, as `worker_stopped` reports it. */
@@ -292,7 +299,7 @@ export function logJobState(
   outcome?: Outcome,
   job?: LoggedJob,
 ): void {
-  const props = {
+  const props: JobStateProps = {
     jobId: row.id,
     task: row.task ?? job?.task,
     queue: row.queue ?? job?.queue,
@@ -300,6 +307,32 @@ export function logJobState(
     attempt: attemptNumber(row.attempt ?? job?.attempt ?? 0, row.state),
     from,
   };
+  const span = job?.span;
+  if (span === undefined) return writeJobState(row, props, outcome, job);
+  // The run's ids, in the record and in what Deno exports of it (OTEL_DENO=true).
+  props.traceId = span.traceId;
+  props.spanId = span.spanId;
+  inRunSpanContext(span, () => writeJobState(row, props, outcome, job));
+}
+
+/** The properties of every job state record. */
+interface JobStateProps {
+  jobId: string;
+  task: string | undefined;
+  queue: string | undefined;
+  attempt: number;
+  from: string;
+  traceId?: string;
+  spanId?: string;
+}
+
+/** Write the record of `row`'s new state (see {@linkcode logJobState}). */
+function writeJobState(
+  row: WrittenRow,
+  props: JobStateProps,
+  outcome: Outcome | undefined,
+  job: LoggedJob | undefined,
+): void {
   switch (row.state) {
     case "succeeded":
       return log.info("job {jobId} succeeded", { event: "job_succeeded", ...props });

@@ -94,7 +94,7 @@ export class Slots {
     this.#runs.set(row.id, run);
     this.#busy.set(row.queue, (this.#busy.get(row.queue) ?? 0) + 1);
     // The outcome may come before start() returns (a synchronous handler).
-    const execution = this.#config.executor.start(row, (outcome, durationMs) => {
+    const execution = this.#config.executor.start(row, (outcome, durationMs, span) => {
       const wasFull = this.isFull(row.queue) || this.writeRoom() <= 0;
       this.#config.metrics?.observe(row.task, row.queue, durationMs);
       this.#runs.delete(row.id);
@@ -105,8 +105,10 @@ export class Slots {
         this.#kept.set(row.queue, (this.#kept.get(row.queue) ?? 0) + 1);
         this.#keptTotal++;
       } else this.#config.onFreed?.(wasFull);
-      if (outcome) this.#config.completer.complete(outcome, row, keep);
-      else this.#config.completer.completedInTx(row.id, row);
+      // With tracing on, the log record of the outcome carries the run's span.
+      const job = span === undefined ? row : { ...row, span };
+      if (outcome) this.#config.completer.complete(outcome, job, keep);
+      else this.#config.completer.completedInTx(row.id, job);
     });
     if (this.#runs.get(row.id) === run) run.execution = execution;
   }
