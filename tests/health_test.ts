@@ -162,10 +162,12 @@ Deno.test("heartbeat files of a supervisor and its workers: fresh while running,
         assertMatch(three.stderr, new RegExp(`^unhealthy: ${hb}\\.2 is missing\\n$`));
         sup.child.kill("SIGTERM");
         assertEquals((await sup.done()).code, 0);
+        // The workers stop before the supervisor, so their files go stale first: wait for
+        // the supervisor's too.
         const stale = await waitFor(
           async () => {
             const out = await probe("--processes", "2", "--max-age", "0.3");
-            return out.code === 1 ? out : null;
+            return out.code === 1 && out.stderr.includes(`${hb}.supervisor is stale`) ? out : null;
           },
           "the files to go stale",
           SLOW,
