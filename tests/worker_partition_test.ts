@@ -247,3 +247,104 @@ Deno.test("a loop statement answered while the event loop was held past the pass
     }
   });
 });
+
+/**
+ * A TCP proxy to `port` that passes everything until the client sends a LISTEN, and from
+ * then on passes nothing either way on that connection (a LISTEN that never gets an answer).
+ */
+function swallowListen(port: number): { port: number; close(): void } {
+  const server = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const conns: Deno.Conn[] = [];
+  (async () => {
+    for await (const client of server) {
+      const upstream = await Deno.connect({ hostname: "127.0.0.1", port });
+      conns.push(client, upstream);
+      let swallowed = false;
+      const pipe = async (from: Deno.Conn, to: Deno.Conn, watch: boolean) => {
+        const buf = new Uint8Array(65_536);
+        try {
+          for (;;) {
+            const n = await from.read(buf);
+            if (n === null) break;
+            if (watch && /listen/i.test(new TextDecoder().decode(buf.subarray(0, n)))) {
+              swallowed = true;
+            }
+            if (swallowed) continue;
+            await to.write(buf.subarray(0, n));
+          }
+        } catch {
+          // closed
+        }
+      };
+      pipe(client, upstream, true);
+      pipe(upstream, client, false);
+    }
+  })().catch(() => {});
+  return {
+    port: (server.addr as Deno.NetAddr).port,
+    close() {
+      server.close();
+      for (const conn of conns) {
+        try {
+          conn.close();
+        } catch {
+          // closed already
+        }
+      }
+    },
+  };
+}
+
+Deno.test("a LISTEN that never gets an answer leaves the worker claiming by polling, its lease kept", async () => {
+  await withLogs(async (records) => {
+    await unansweredListen();
+    const failed = records.filter((r) => r.properties.event === "listen_failed");
+    assertEquals(failed.length, 1, "one warning that the worker polls");
+    assert(String(failed[0].properties.message).includes("no answer"));
+  });
+});
+
+async function unansweredListen(): Promise<void> {
+  const pg = await startThrowawayPostgres();
+  const admin = postgres(pg.url, { max: 1, onnotice: () => {} });
+  let app: Akadze | undefined;
+  let worker: Worker | undefined;
+  let proxy: { port: number; close(): void } | undefined;
+  try {
+    await admin`create database unanswered_listen_test`;
+    const url = pg.url.replace(/\/postgres$/, "/unanswered_listen_test");
+    await migrate(url);
+    proxy = swallowListen(Number(new URL(url).port));
+    const listenUrl = url.replace(/:\d+\//, `:${proxy.port}/`);
+    app = new Akadze({ databaseUrl: url, listenUrl, max: 3 });
+    const ran: string[] = [];
+    const task = app.task("note", (args) => {
+      ran.push(String(args.n));
+    });
+    const ttl = 2_000;
+    worker = new Worker(app, { heartbeatInterval: 250, heartbeatTtl: ttl, pollInterval: 100 });
+    let ended: { code: number; reason: string; message?: string } | null = null;
+    const exit = worker.run().then((result) => ended = result);
+    const started = new Date();
+    await task.enqueue({ n: 1 });
+    await waitFor(() => ran.length === 1 || ended !== null, "the job to run (found by polling)");
+    // Past the TTL and an interval from the start: the worker still beats.
+    await waitFor(async () => {
+      const [w] = await app!.sql`select heartbeat_at from akadze.workers`;
+      return ended !== null ||
+        (w !== undefined && w.heartbeat_at.getTime() - started.getTime() > 2 * ttl);
+    }, "a heartbeat twice the TTL after the start");
+    assertEquals(ended, null, `the worker ended: ${JSON.stringify(ended)}`);
+    await task.enqueue({ n: 2 });
+    await waitFor(() => ran.length === 2 || ended !== null, "the second job to run");
+    assertEquals(ran, ["1", "2"]);
+    worker.stop();
+    assertEquals((await within(exit, 30_000, "the worker to stop")).code, 0);
+  } finally {
+    worker?.stop();
+    await app?.close();
+    proxy?.close();
+    await admin.end({ timeout: 1 });
+    await pg.stop();
+  }
+}

@@ -18,6 +18,11 @@ import { settleWithin } from "./settle.ts";
 
 /** How long after a failed LISTEN it is tried again (ms); the worker polls meanwhile. */
 export const LISTEN_RETRY_DEFAULT = 5_000;
+/**
+ * How long the worker's loop waits for a LISTEN (ms); past it the LISTEN finishes on its own
+ * and the worker polls meanwhile.
+ */
+export const LISTEN_TIMEOUT_DEFAULT = 5_000;
 /** How long the probe notification may take before LISTEN counts as not working (ms). */
 export const PROBE_TIMEOUT_DEFAULT = 10_000;
 
@@ -48,6 +53,8 @@ export interface ListenerConfig {
   listenRetry?: number;
   /** See {@linkcode PROBE_TIMEOUT_DEFAULT}. */
   probeTimeout?: number;
+  /** See {@linkcode LISTEN_TIMEOUT_DEFAULT}. */
+  listenTimeout?: number;
   /**
    * Listen on a connection of its own to this address (the app's `listenUrl`), ended by
    * {@linkcode Listener.close}, instead of on `sql`.
@@ -67,6 +74,12 @@ export class Listener {
   #probed = false;
   #probeStop = new AbortController();
   #own: Sql | null;
+  /** A LISTEN is under way (ensure() does not start another). */
+  #starting = false;
+  /** An error of a LISTEN that ended after ensure() stopped waiting, for the next call. */
+  #failed: unknown = null;
+  /** close() was called: a LISTEN that ends later is undone. */
+  #closed = false;
 
   /**
    * Make a listener (nothing is listened to until `start` or `ensure`); with `listenUrl`,
@@ -82,20 +95,61 @@ export class Listener {
   /**
    * LISTEN unless listening, not sooner than `listenRetry` after a failure. A connection
    * the server refuses for now (too many clients, say) is logged once (`listen_failed`)
-   * and tried again later; other errors are thrown. The first success is probed.
+   * and tried again later; other errors are thrown. The first success is probed. A LISTEN
+   * that has no answer after `listenTimeout` is logged the same way and left to finish on
+   * its own: the worker's loop (its claims and heartbeat) must not wait for it.
    */
   async ensure(): Promise<void> {
-    if (this.listening || performance.now() < this.#nextListen) return;
+    if (this.#failed !== null) {
+      const error = this.#failed;
+      this.#failed = null;
+      throw error;
+    }
+    if (this.listening || this.#starting || performance.now() < this.#nextListen) return;
+    const { workerId = "", pollInterval = 0 } = this.#config;
+    this.#starting = true;
+    const attempt = this.#attempt();
+    const timeout = this.#config.listenTimeout ?? LISTEN_TIMEOUT_DEFAULT;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const answered = await Promise.race([
+      attempt.then(() => true),
+      new Promise<false>((resolve) => timer = setTimeout(() => resolve(false), timeout)),
+    ]);
+    clearTimeout(timer);
+    if (answered) {
+      const error = this.#failed;
+      this.#failed = null;
+      if (error !== null) throw error;
+      return;
+    }
+    if (!this.#failing) {
+      logListenFailed(
+        workerId,
+        pollInterval,
+        new Error(`LISTEN got no answer in ${Math.round(timeout)} ms`),
+      );
+    }
+    this.#failing = true;
+  }
+
+  /** One LISTEN attempt (see `ensure`): never rejects; an error to throw goes to #failed. */
+  async #attempt(): Promise<void> {
     const { workerId = "", pollInterval = 0 } = this.#config;
     try {
       await this.start();
     } catch (error) {
-      if (!isTransientError(error)) throw error;
+      if (!isTransientError(error)) {
+        this.#failed = error;
+        return;
+      }
       this.#nextListen = performance.now() + (this.#config.listenRetry ?? LISTEN_RETRY_DEFAULT);
       if (!this.#failing) logListenFailed(workerId, pollInterval, error);
       this.#failing = true;
       return;
+    } finally {
+      this.#starting = false;
     }
+    if (this.#closed) return void this.stop();
     if (this.#failing) logListenStarted(workerId);
     this.#failing = false;
     if (!this.#probed && this.#config.probeSql) {
@@ -128,6 +182,7 @@ export class Listener {
 
   /** The run ends: end a probe still waiting, UNLISTEN, end the `listenUrl` connection. */
   async close(): Promise<void> {
+    this.#closed = true;
     this.#probeStop.abort();
     await this.stop();
     if (this.#own) await this.#own.end({ timeout: 1 }).catch(() => {});

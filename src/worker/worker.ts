@@ -23,7 +23,7 @@ import { resolveWorkerConfig, type WorkerConfig, type WorkerOptions } from "./co
 import { Executor } from "./executor.ts";
 import { HandOffSlots } from "./hand_off_slots.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
-import { Listener } from "./listener.ts";
+import { LISTEN_TIMEOUT_DEFAULT, Listener } from "./listener.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
@@ -324,6 +324,8 @@ export class Worker {
         listenUrl: this.#app.notify ? this.#app.listenUrl : undefined,
         probeSql: this.#connection.sql,
         stopping: () => this.#stopRequested,
+        // Well inside a pass's bound (half the TTL): the loop's heartbeat comes after it.
+        listenTimeout: Math.min(LISTEN_TIMEOUT_DEFAULT, this.config.heartbeatTtl / 4),
       });
     } catch (error) {
       // Nothing else has started but the metrics server: stop it, or it keeps the process.
