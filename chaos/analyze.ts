@@ -319,6 +319,7 @@ export async function analyze(run: RunData): Promise<Verdict[]> {
           `job ${j.id} ${j.task} run ${r} on ${end.old_worker ?? "?"}: ${end.old_state}→` +
             `${end.new_state} at ${new Date(end.at).toISOString()} ` +
             `(${end.error ?? "no error"}${end.message ? `: ${end.message.slice(0, 120)}` : ""})`,
+          ...await workerAround(run, byPid, end.old_worker, new Date(end.at).getTime()),
         );
       }
       if (why.latency !== undefined) {
@@ -920,6 +921,50 @@ export function judgeFlows(
 
 function isTx(kind: Kind | undefined): boolean {
   return kind !== undefined && COMPLETE_TX_KINDS.includes(kind);
+}
+
+/** Before this long before an unexplained end, a worker's heartbeats and warnings are shown. */
+const AROUND_MS = 8_000;
+
+/**
+ * What the worker `workerId` showed around `at` (an unexplained end of one of its runs):
+ * its heartbeat ages as sampled in the seconds before, and its warnings and errors then, so
+ * that a rescue of a live worker can be read from the report instead of reproduced.
+ */
+async function workerAround(
+  run: RunData,
+  byPid: Map<number, WorkerProcess>,
+  workerId: string | null,
+  at: number,
+): Promise<string[]> {
+  if (workerId === null) return [];
+  const ages = run.samples.heartbeats
+    .filter((h) => h.at >= at - AROUND_MS && h.at <= at && h.ages[workerId] !== undefined)
+    .map((h) => `${((h.at - at) / 1000).toFixed(1)}s:${h.ages[workerId]}ms`);
+  const lines = [`  heartbeat ages before it: ${ages.slice(-12).join(" ") || "none sampled"}`];
+  const pid = pidOfWorkerId(workerId);
+  const worker = pid === null ? undefined : byPid.get(pid);
+  if (!worker) return lines;
+  const text = await Deno.readTextFile(worker.stderrPath).catch(() => "");
+  for (const line of text.split("\n")) {
+    let record: Record<string, unknown>;
+    try {
+      record = JSON.parse(line);
+    } catch {
+      continue;
+    }
+    const when = Date.parse(String(record["@timestamp"]));
+    const level = String(record.level ?? "").toLowerCase();
+    if (!(when >= at - AROUND_MS && when <= at + 2_000)) continue;
+    if (!["warn", "warning", "error", "fatal"].includes(level)) continue;
+    const props = (record.properties ?? record) as Record<string, unknown>;
+    lines.push(
+      `  w${worker.idx} ${((when - at) / 1000).toFixed(1)}s ${level} ${
+        String(props.event ?? "")
+      }: ${String(record.message ?? "").slice(0, 140)}`,
+    );
+  }
+  return lines.slice(0, 20);
 }
 
 async function scanLogs(run: RunData) {
