@@ -18,7 +18,7 @@ import {
 import { AkadzeError, DuplicateJob } from "../src/errors.ts";
 import { drain } from "../src/testing.ts";
 import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
-import { startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
+import { runCli, startWorker, waitFor, waitForJob, withApp } from "./_helpers.ts";
 
 Deno.test("requeue puts a failed job back, keeping attempt, errors and args", async () => {
   await withApp("adm_requeue", async (app, sql) => {
@@ -315,5 +315,19 @@ Deno.test("a queued job with a cancel request or a passed expiry is not ready an
     }, "the cancelled and the expired job to leave the ready count");
     const [{ n }] = await sql`select count(*)::int as n from akadze.jobs where state = 'queued'`;
     assertEquals(n, 2, "both are still queued until a worker passes");
+  });
+});
+
+Deno.test("a job enqueued from SQL at run_at -infinity breaks neither queueSnapshot nor akadze health", async () => {
+  await withApp("adm_infinite_run_at", async (app, sql, db) => {
+    await sql`select akadze.enqueue('mail', '{}', queue => 'mail', run_at => '-infinity')`;
+    await sql`select akadze.enqueue('mail', '{}', queue => 'mail', run_at => 'infinity')`;
+    // Before, both failed with "cannot subtract infinite timestamps".
+    const [m] = (await queueSnapshot(app)).filter((q) => q.queue === "mail");
+    assertEquals(m.counts.queued, 2);
+    assertEquals(m.ready, 1);
+    assert(Number.isFinite(m.lagSeconds) && m.lagSeconds < 60, `lag ${m.lagSeconds}`);
+    const health = await runCli(["health", "--max-lag", "300"], { AKADZE_DATABASE_URL: db.url });
+    assertEquals(health.code, 0, health.stdout + health.stderr);
   });
 });

@@ -3,11 +3,11 @@
 // includeFlow, and retention: a flow pruned as a whole, never a job a live job still needs,
 // its job_dependencies rows with it, the plain prune statement planned as before.
 import type { Akadze } from "../src/app.ts";
-import { cancelJobs, getJob, listJobs, requeueJobs } from "../src/admin/jobs.ts";
+import { cancelJobs, getJob, listJobs, requeue, requeueJobs } from "../src/admin/jobs.ts";
 import { pruneJobs } from "../src/admin/prune.ts";
 import type { Sql } from "../src/db.ts";
 import type { Task } from "../src/task.ts";
-import { AkadzeError } from "../src/errors.ts";
+import { AkadzeError, DuplicateJob } from "../src/errors.ts";
 import { pruneStatements } from "../src/old_jobs.ts";
 import { Pruner } from "../src/worker/pruner.ts";
 import { Worker } from "../src/worker/worker.ts";
@@ -147,6 +147,36 @@ Deno.test("requeueJobs by flow requeues its failed steps; the steps they cancell
       c: "succeeded",
       d: "succeeded",
     });
+  });
+});
+
+Deno.test("requeueing a failed step whose cancelled dependent's uniqueKey is now held says whose key it is", async () => {
+  await withApp("flows_ops_requeue_key", async (app, sql) => {
+    const fails = app.task("fails", { maxAttempts: 1 }, () => {
+      throw new Error("down");
+    });
+    const step = app.task("keyed", () => "ok");
+    const flow = await app.enqueueFlow({
+      a: { task: fails },
+      b: { task: step, dependsOn: ["a"], uniqueKey: "report:7" },
+    });
+    await drain(app);
+    assertEquals(await states(sql, flow.jobs), { a: "failed", b: "cancelled" });
+    await step.using({ uniqueKey: "report:7", delay: 60_000 }).enqueue({});
+    const one = await assertRejects(
+      () => sql.begin((tx) => requeue(tx, flow.jobs.a)),
+      DuplicateJob,
+    );
+    // Job a has no uniqueKey: the key is its dependent's, which the requeue would put back.
+    assertMatch(one.message, /uniqueKey "report:7"/);
+    assertMatch(one.message, /flow step/);
+    const bulk = await assertRejects(
+      () => sql.begin((tx) => requeueJobs(tx, { flow: flow.id })),
+      DuplicateJob,
+    );
+    assertMatch(bulk.message, /uniqueKey "report:7"/);
+    assert(!bulk.message.includes("try again"), bulk.message);
+    assertEquals(await states(sql, flow.jobs), { a: "failed", b: "cancelled" });
   });
 });
 

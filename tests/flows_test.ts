@@ -9,7 +9,7 @@ import type { Sql } from "../src/db.ts";
 import { DuplicateJob, EnqueueError, Fail, JobNotFound } from "../src/errors.ts";
 import { chain, chord, dependencyOrder, group } from "../src/flow.ts";
 import { Worker } from "../src/worker/worker.ts";
-import { assert, assertEquals, assertRejects } from "./assert.ts";
+import { assert, assertEquals, assertMatch, assertRejects } from "./assert.ts";
 import { countJobs, startWorker, waitFor, withApp } from "./_helpers.ts";
 
 async function states(sql: Sql, ids: Record<string, string>): Promise<Record<string, string>> {
@@ -616,6 +616,50 @@ Deno.test("a failed child cancels its parent, unless the parent ignores failures
     assertEquals(rows.map((r) => r.state), ["cancelled", "succeeded"]);
     assertEquals(seen, ["ignore: failed unreadable row"]);
     assertEquals((await lastError(sql, strict)).error, "DependencyFailed");
+  });
+});
+
+Deno.test("waitForChildren refuses a child named as a dependency the job has: dependencies() would lose one", async () => {
+  await withApp("flows_children_names", async (app, sql) => {
+    const page = app.task("page", ({ n }) => n);
+    const refusals: string[] = [];
+    const pager = app.task("pager", async (_args, ctx) => {
+      const done = await ctx.dependencies();
+      const pages = Object.keys(done).filter((key) => key.startsWith("page"));
+      if (pages.length < 2) {
+        const name = ctx.job.runCount === 1 ? "page" : "page-2";
+        if (ctx.job.runCount === 2) {
+          // The name of the first round's child, and of a step the job depends on.
+          for (const taken of ["page", "first"]) {
+            try {
+              await ctx.waitForChildren({ [taken]: { task: page, args: { n: 0 } } });
+              refusals.push(`${taken}: accepted`);
+            } catch (error) {
+              refusals.push(`${taken}: ${(error as Error).name} ${(error as Error).message}`);
+            }
+          }
+        }
+        await ctx.waitForChildren({ [name]: { task: page, args: { n: ctx.job.runCount } } });
+        return;
+      }
+      return pages.map((key) => done[key].result);
+    });
+    const first = app.task("first", () => "go");
+    const flow = await app.enqueueFlow({
+      first: { task: first },
+      pager: { task: pager, dependsOn: ["first"] },
+    });
+    await drain(app);
+    const [job] = await sql`select state, result from akadze.jobs where id = ${flow.jobs.pager}`;
+    assertEquals([job.state, job.result], ["succeeded", [1, 2]]);
+    assertEquals(refusals.length, 2);
+    assertMatch(
+      refusals[0],
+      /^page: EnqueueError .*step "page" is already a dependency of this job/,
+    );
+    assertMatch(refusals[1], /^first: EnqueueError .*step "first" is already a dependency/);
+    const steps = await sql`select step from akadze.jobs where flow_id = ${flow.id} order by id`;
+    assertEquals(steps.map((r) => r.step), ["first", "pager", "page", "page-2"]);
   });
 });
 

@@ -127,6 +127,59 @@ Deno.test("timeout and cancel kill a sandbox process stuck in a loop; the pool's
   });
 });
 
+Deno.test("a sandbox process that prints without a final newline still returns its result, which is not printed", async () => {
+  const app = `
+import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("partial", {
+  maxAttempts: 1,
+  timeout: 60_000,
+  sandbox: { module: ${JSON.stringify(HANDLERS)}, export: "printPartial", isolation: "process" },
+});
+`;
+  await withDir({ "app.ts": app }, async (dir) => {
+    await withDatabase("sandbox_process_partial", async (db, sql) => {
+      await withProcesses(async () => {
+        const id = await enqueueRow(sql, "partial");
+        const worker = spawnCli(
+          ["worker", `${dir}/app.ts`, "--log-format", "json", "--poll-interval", "0.1"],
+          { AKADZE_DATABASE_URL: db.url },
+          { permissions: [...WORKER_PERMISSIONS, "--allow-run"] },
+        );
+        // Before the fix the result was lost and the run waited for its timeout.
+        await waitForJob(sql, id, ended, "the partial printer", SLOW);
+        const r = await row(sql, id);
+        assertEquals([r.state, r.result], ["succeeded", 42], JSON.stringify(r.errors));
+        worker.child.kill("SIGTERM");
+        const out = await worker.done();
+        assertEquals(out.code, 0, out.stderr);
+        assertMatch(out.stdout, /progress 50%/);
+        assert(!out.stdout.includes("\x1eakadze"), out.stdout); // no message passed on
+      });
+    });
+  });
+});
+
+Deno.test("a sandbox process's result that JSON cannot carry fails the run as in a thread, not stored changed", async () => {
+  await withApp("sandbox_process_not_json", async (app, sql) => {
+    const notJson = app.task("notJson", { maxAttempts: 1, sandbox: process("notJson") });
+    const w = startWorker(app, OPTIONS);
+    try {
+      const map = await notJson.enqueue({ kind: "map" });
+      const undef = await notJson.enqueue({ kind: "u" });
+      for (const id of [map, undef]) await waitForJob(sql, id, ended, "the run", SLOW);
+      const [a, b] = [await row(sql, map), await row(sql, undef)];
+      assertEquals([a.state, a.errors?.[0].error], ["failed", "ResultNotStorable"], `${a.result}`);
+      assertMatch(a.errors![0].message, /result is a Map/);
+      assertEquals([b.state, b.errors?.[0].error], ["failed", "ResultNotStorable"]);
+      assertMatch(b.errors![0].message, /result\.b is undefined/);
+    } finally {
+      const stopped = await w.stop();
+      assertEquals(stopped.code, 0, stopped.message);
+    }
+  });
+});
+
 Deno.test("a sandbox process has its own permissions: none refuses a read, a folder grant allows it there", async () => {
   const dir = await Deno.makeTempDir({ prefix: "akadze_sandbox_process_" });
   try {

@@ -122,13 +122,24 @@ export async function requeue(
   } catch (error) {
     if ((error as { code?: unknown }).code === "23505") {
       throw new DuplicateJob(
-        `job ${id} cannot be requeued: another job with its uniqueKey is queued or running`,
+        `job ${id} cannot be requeued: ${heldKey(error)} is held by another queued or running ` +
+          "job (the key is this job's, or that of a flow step its failure cancelled, which the " +
+          "requeue puts back); nothing was requeued",
       );
     }
     throw error;
   }
   if (row.state === null) throw new AkadzeError(`job ${id} does not exist`);
   if (row.moved === 0) throw new AkadzeError(`job ${id} is not failed (it is ${row.state})`);
+}
+
+/** The uniqueKey a unique violation names (from the server's detail), for an error message. */
+function heldKey(error: unknown): string {
+  const detail = (error as { detail?: unknown }).detail;
+  const key = typeof detail === "string"
+    ? /^Key \(unique_key\)=\((.*)\) already exists\.$/s.exec(detail)?.[1]
+    : undefined;
+  return key === undefined ? "a uniqueKey" : `uniqueKey ${JSON.stringify(key)}`;
 }
 
 /** A job without its arguments, result and errors, as `listJobs` returns it. */
@@ -379,8 +390,9 @@ export async function requeueJobs(
   } catch (error) {
     if ((error as { code?: unknown }).code === "23505") {
       throw new DuplicateJob(
-        "failed jobs cannot be requeued now: a job with one of their uniqueKeys was enqueued " +
-          "meanwhile; try again",
+        `failed jobs cannot be requeued: ${heldKey(error)} is held by another queued or running ` +
+          "job (the key of a flow step their failure cancelled, which the requeue puts back, or " +
+          "of a job enqueued meanwhile); nothing was requeued",
       );
     }
     throw error;

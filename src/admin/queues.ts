@@ -140,9 +140,12 @@ export async function readReadyJobs(
   queues: readonly string[] | null = null,
 ): Promise<ReadyJobsRow[]> {
   const rows = await tx.unsafe(
+    // A run_at of -infinity (possible from SQL) waits since the job was enqueued: now()
+    // minus an infinite timestamp is an error that would fail health and metrics.
     `select queue, pg_catalog.count(*)::bigint as ready,
             greatest(extract(epoch from pg_catalog.now() operator(pg_catalog.-)
-              pg_catalog.min(run_at)), 0)::pg_catalog.float8 as lag
+              pg_catalog.min(case when pg_catalog.isfinite(run_at) then run_at
+                                  else created_at end)), 0)::pg_catalog.float8 as lag
        from ${s}.jobs c
       where ${readyCondition()}
         and ($1::pg_catalog.text[] is null or queue

@@ -390,6 +390,26 @@ export class Executor {
     const s = quoteSchema(app.schema);
     try {
       return await this.#ownedTx(state, "waitForChildren", async (tx, owned) => {
+        // dependencies() keys this job's dependencies by step name: a child named as one of
+        // them (a child of an earlier round, a step it waits for) would hide it.
+        const [taken] = await tx.unsafe(
+          `select j.step, j.id::pg_catalog.text as id from ${s}.job_dependencies d
+             join ${s}.jobs j on j.id operator(pg_catalog.=) d.depends_on
+            where d.job_id operator(pg_catalog.=) $1::bigint
+              and j.flow_id operator(pg_catalog.=) $2::bigint
+              and $3::pg_catalog.text::pg_catalog.jsonb operator(pg_catalog.?) j.step
+            order by j.id limit 1`,
+          [job.id, owned.flow, JSON.stringify(Object.keys(steps))],
+        );
+        if (taken) {
+          throw new EnqueueError(
+            `step ${
+              JSON.stringify(taken.step)
+            } is already a dependency of this job (job ${taken.id}), ` +
+              "and dependencies() reads them by step name: give each child a name of its own " +
+              `(e.g. ${JSON.stringify(`${taken.step}-${job.runCount}`)}); no child was added`,
+          );
+        }
         const children = await tx.unsafe(
           `select step, id::pg_catalog.text as id from
             ${s}.enqueue_flow($1::pg_catalog.text::pg_catalog.jsonb, $2::bigint)`,

@@ -21,7 +21,7 @@ import {
   type SentError,
   type ThreadMessage,
 } from "./sandbox_thread.ts";
-import { decodeMessage, encodeMessage, readLines, writeLineSync } from "./sandbox_process.ts";
+import { encodeMessage, readLines, splitOutputLine, writeLineSync } from "./sandbox_process.ts";
 
 /** Milliseconds an aborted run's thread may take to end before it is terminated. */
 export const SANDBOX_ABORT_GRACE = 1_000;
@@ -142,9 +142,12 @@ class Subprocess implements Sandbox {
     }).spawn();
     this.#input = this.#child.stdin.getWriter();
     const stdout = readLines(this.#child.stdout, (line) => {
-      const message = decodeMessage(line) as ThreadMessage | undefined;
+      const { text, message } = splitOutputLine(line);
       if (message === undefined) passOn(Deno.stdout, line);
-      else this.listener?.message(message);
+      else {
+        if (text !== "") passOn(Deno.stdout, text);
+        this.listener?.message(message as ThreadMessage);
+      }
     });
     const errors = new ProcessStderr((line) => passOn(Deno.stderr, line));
     const stderr = readLines(this.#child.stderr, (line) => errors.line(line))

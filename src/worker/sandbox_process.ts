@@ -17,6 +17,7 @@ import type {
   ThreadMessage,
 } from "./sandbox_thread.ts";
 import { type SandboxPort, serve } from "./sandbox_thread.ts";
+import { jsonProblem } from "../json.ts";
 
 /** What starts a message line (a record separator and a name, unlikely in printed text). */
 export const MESSAGE_PREFIX = "\x1eakadze ";
@@ -30,6 +31,17 @@ export function encodeMessage(message: unknown): string {
     const raw = (this as Record<string, unknown>)[key];
     return raw instanceof Date ? { [DATE_KEY]: raw.toISOString() } : value;
   });
+}
+
+/**
+ * A line of a sandbox process's standard output split into what the handler printed and
+ * the message: a handler that printed without a final newline (a progress bar's `\r`) has
+ * the next message glued to the end of its text.
+ */
+export function splitOutputLine(line: string): { text: string; message: unknown } {
+  const at = line.indexOf(MESSAGE_PREFIX);
+  if (at < 0) return { text: line, message: undefined };
+  return { text: line.slice(0, at), message: decodeMessage(line.slice(at)) };
 }
 
 /** The message of a line of {@linkcode encodeMessage}, or undefined for any other line. */
@@ -90,6 +102,18 @@ export async function readLines(
 export function serveProcess(module: Record<string, unknown>): void {
   const port: SandboxPort = {
     postMessage(message: ThreadMessage) {
+      // A thread's result crosses by structured clone and the worker checks it; JSON text
+      // would store a Map as {} and drop undefined values: refuse what JSON cannot carry.
+      const problem = message.type === "done" && message.ok
+        ? jsonProblem(message.value, "result")
+        : null;
+      if (problem !== null) {
+        message = {
+          type: "done",
+          ok: false,
+          error: { name: "ResultNotStorable", message: problem },
+        };
+      }
       // Written at once and whole: a Deno.exit right after a result must not lose it.
       writeLineSync(Deno.stdout, encodeMessage(message));
     },
