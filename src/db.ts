@@ -305,8 +305,10 @@ export function isSchemaMissing(error: unknown, schema: string): boolean {
 
 /**
  * Rethrow a missing-schema error of a statement on akadze's tables as one that says to
- * migrate (an `AkadzeError`, or `kind`, prefixed with `prefix`); anything else unchanged.
- * Inside a caller's transaction the failed statement has aborted it all the same.
+ * migrate, and a permission denied on akadze's schema, tables or functions as one that
+ * says where the grants are (an `AkadzeError`, or `kind`, prefixed with `prefix`); anything
+ * else unchanged. Inside a caller's transaction the failed statement has aborted it all the
+ * same.
  */
 export async function explainMissingSchema<T>(
   schema: string,
@@ -317,9 +319,63 @@ export async function explainMissingSchema<T>(
   try {
     return await run();
   } catch (error) {
-    if (!isSchemaMissing(error, schema) || error instanceof AkadzeError) throw error;
-    throw new kind(prefix + schemaMissingMessage(schema, error), { cause: error });
+    if (error instanceof AkadzeError) throw error;
+    if (isSchemaMissing(error, schema)) {
+      throw new kind(prefix + schemaMissingMessage(schema, error), { cause: error });
+    }
+    if (isGrantMissing(error, schema)) {
+      // The SQLSTATE stays readable where it was (code 42501).
+      const explained = new kind(prefix + grantMissingMessage(error), { cause: error });
+      throw Object.assign(explained, { code: "42501" });
+    }
+    throw error;
   }
+}
+
+/** akadze's tables and functions, as a permission error names them (without the schema). */
+const AKADZE_OBJECTS = new Set([
+  "jobs",
+  "workers",
+  "limits",
+  "limit_starts",
+  "queue_pauses",
+  "periodic_runs",
+  "job_dependencies",
+  "unique_windows",
+  "schema_migrations",
+  "enqueue",
+  "enqueue_many",
+  "enqueue_keyed",
+  "enqueue_flow",
+  "enqueue_flow_steps",
+  "claim_one",
+  "claim_one_floor",
+  "claim_one_checked",
+  "complete_jobs",
+  "append_error",
+  "outcome_state",
+  "prune_linked_jobs",
+]);
+
+/**
+ * Whether `error` is PostgreSQL's "permission denied" (42501) for akadze's schema `schema`
+ * or one of its tables or functions: the role lacks a grant akadze needs.
+ */
+export function isGrantMissing(error: unknown, schema: string): boolean {
+  const { code, message } = (error ?? {}) as { code?: unknown; message?: unknown };
+  if (code !== "42501") return false;
+  const match =
+    /permission denied for (?:schema|table|relation|function|sequence|view) "?([^"\s]+)"?/
+      .exec(String(message));
+  if (!match) return false;
+  const name = match[1];
+  return name === schema || AKADZE_OBJECTS.has(name.slice(name.lastIndexOf(".") + 1));
+}
+
+/** What to tell a user whose role lacks a grant akadze needs (see {@linkcode isGrantMissing}). */
+export function grantMissingMessage(error: unknown): string {
+  return `the database role lacks a grant akadze needs (${describeError(error)}): the ` +
+    `grants each role needs are listed in akadze's production guide, "Database roles"`;
 }
 
 /** What to tell a user whose database lacks akadze's schema (see {@linkcode isSchemaMissing}). */

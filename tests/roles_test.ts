@@ -3,6 +3,7 @@
 // operator roles through every part of a job's life, each with no more than its grants.
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
+import { Worker } from "../src/worker/worker.ts";
 import type { Sql } from "../src/db.ts";
 import { DuplicateJob, Fail } from "../src/errors.ts";
 import { migrate, pendingVersions } from "../src/migrate.ts";
@@ -308,4 +309,47 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
       await admin.unsafe(`drop owned by ${names} cascade; drop role ${names}`).catch(() => {});
     }
   }, { migrated: false });
+});
+
+Deno.test("a role without akadze's grants gets an error that says where the grants are", async () => {
+  await withDatabase("roles_missing_grant", async (db) => {
+    await migrate(db.url);
+    const role = `nogrant_${crypto.randomUUID().slice(0, 8)}`;
+    const admin = postgres(db.url, { max: 1, onnotice: () => {} });
+    try {
+      await admin.unsafe(`create role ${role} login`);
+      const sql = connectAs(db.url, role);
+      const app = new Akadze({ sql });
+      const task = app.task("hello", () => "hi");
+      try {
+        for (
+          const run of [
+            () => listJobs(sql),
+            () => task.enqueue(),
+            () => pauseQueue(sql, "default"),
+          ]
+        ) {
+          const error = await assertRejects(run);
+          assertEquals((error as { code?: string }).code, "42501");
+          assert(
+            String((error as Error).message).includes('"Database roles"'),
+            String((error as Error).message),
+          );
+        }
+        // A worker stops with the same advice.
+        const exit = await new Worker(app, {
+          batch: true,
+          heartbeatTtl: 2_000,
+          heartbeatInterval: 200,
+        }).run();
+        assertEquals(exit.code, 1);
+        assert(exit.message?.includes('"Database roles"'), exit.message);
+      } finally {
+        await sql.end({ timeout: 1 });
+      }
+    } finally {
+      await admin.unsafe(`drop owned by ${role}; drop role ${role}`).catch(() => {});
+      await admin.end({ timeout: 1 });
+    }
+  });
 });

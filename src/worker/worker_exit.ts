@@ -3,7 +3,13 @@
  *
  * @module
  */
-import { describeError, isSchemaMissing, schemaMissingMessage } from "../db.ts";
+import {
+  describeError,
+  grantMissingMessage,
+  isGrantMissing,
+  isSchemaMissing,
+  schemaMissingMessage,
+} from "../db.ts";
 
 /** Why `worker.run()` returned, with the process exit code it implies. */
 export interface WorkerExit {
@@ -19,6 +25,8 @@ export interface WorkerExit {
 export function fatalExit(error: unknown, schema: string): WorkerExit {
   const message = isSchemaMissing(error, schema)
     ? schemaMissingMessage(schema, error)
+    : isGrantMissing(error, schema)
+    ? grantMissingMessage(error)
     : describeError(error);
   return { code: 1, reason: "fatal", message };
 }
