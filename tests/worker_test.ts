@@ -408,6 +408,28 @@ Deno.test("completeTx commits the caller's writes with the transition to succeed
   });
 });
 
+Deno.test("an error thrown after completeTx is logged as ignored, and the success stands", async () => {
+  const records = await withLogs(async () => {
+    await withApp("w_complete_tx_throw", async (app, sql) => {
+      const build = app.task("build", async (_args, ctx) => {
+        await ctx.completeTx(async () => {});
+        throw new TypeError("cleanup failed");
+      });
+      const id = await build.enqueue();
+      await drain(app, { queues: ["default"], limit: 1 }).catch(() => 0);
+      const [row] = await sql`select state, attempt, errors from akadze.jobs where id = ${id}`;
+      assertEquals(row, { state: "succeeded", attempt: 0, errors: [] });
+    });
+  });
+  const after = records.filter((r) => r.properties.event === "error_after_outcome");
+  assertEquals(after.length, 1);
+  assertEquals(after[0].level, "warning");
+  assertEquals([after[0].properties.error, after[0].properties.message], [
+    "TypeError",
+    "cleanup failed",
+  ]);
+});
+
 Deno.test("a success written through completeTx is logged once, like any other", async () => {
   await withApp("w_complete_tx_log", async (app, sql) => {
     const viaTx = app.task("viaTx", async (_args, ctx) => {

@@ -38,6 +38,7 @@ import { ProgressReporter, progressStatement } from "./progress.ts";
 import { activeTracer, endRunSpan, inRunSpan, startRunSpan } from "../tracing.ts";
 import type { SpanContext } from "@opentelemetry/api";
 import { SandboxPool } from "./sandbox_pool.ts";
+import { logErrorAfterOutcome } from "./log_events.ts";
 
 /**
  * Why a run was interrupted from outside the handler; "exit": its handler called
@@ -225,7 +226,12 @@ export class Executor {
         kind: settled === "cancel" ? "cancel" : "release",
       };
     }
-    if (ctx.completed) return null;
+    if (ctx.completed) {
+      // Written already (completeTx, waitForChildren): an error thrown after it changes
+      // nothing, but it must not pass unseen.
+      if (!settled.ok) logErrorAfterOutcome(job, errorEntry(settled.error, this.#runSecrets(args)));
+      return null;
+    }
     if (!settled.ok) return this.#failure(task, job, args, settled.error);
     const result = settled.value === undefined ? null : settled.value;
     const problem = result === null ? null : resultProblem(result);

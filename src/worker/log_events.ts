@@ -158,6 +158,27 @@ export function logClaimed(row: JobRow): void {
   });
 }
 
+/**
+ * `error_after_outcome`: a handler threw after its run's outcome was written (completeTx,
+ * waitForChildren); the error is ignored.
+ */
+export function logErrorAfterOutcome(
+  job: { id: string; task: string },
+  error: { error: string; message: string },
+): void {
+  log.warn(
+    "job {jobId} ({task}): the handler threw {error} after its outcome was written " +
+      "(completeTx or waitForChildren); the error changes nothing: {message}",
+    {
+      event: "error_after_outcome",
+      jobId: job.id,
+      task: job.task,
+      error: error.error,
+      message: error.message,
+    },
+  );
+}
+
 /** `job_cancel_requested`: a running job's cancel request reached this worker. */
 export function logCancelRequested(jobId: string): void {
   log.info("job {jobId} cancel requested while running", {
