@@ -408,6 +408,19 @@ Deno.test("completeTx commits the caller's writes with the transition to succeed
   });
 });
 
+Deno.test("a task registered after the worker was made is named in a warning, once", async () => {
+  const records = await withLogs(async () => {
+    await withApp("w_late_task", async (app) => {
+      app.task("early", () => {});
+      const worker = new Worker(app, { batch: true });
+      app.task("late", () => {});
+      assertEquals((await worker.run()).code, 0);
+    });
+  });
+  const late = records.filter((r) => r.properties.event === "task_after_worker");
+  assertEquals(late.map((r) => [r.level, r.properties.task]), [["warning", "late"]]);
+});
+
 Deno.test("an error thrown after completeTx is logged as ignored, and the success stands", async () => {
   const records = await withLogs(async () => {
     await withApp("w_complete_tx_throw", async (app, sql) => {

@@ -179,6 +179,15 @@ export function logErrorAfterOutcome(
   );
 }
 
+/** `task_after_worker`: the app registered a task after the worker was made. */
+export function logTaskAfterWorker(workerId: string, task: string): void {
+  log.warn(
+    "task {task} was registered after worker {workerId} was made: this worker does not run " +
+      "its jobs; register every task before creating the Worker",
+    { event: "task_after_worker", workerId, task },
+  );
+}
+
 /** `job_cancel_requested`: a running job's cancel request reached this worker. */
 export function logCancelRequested(jobId: string): void {
   log.info("job {jobId} cancel requested while running", {

@@ -121,6 +121,10 @@ export class Worker {
   #executor: Executor;
   /** The run ended while its loop was stuck in a query (the watchdog): it runs nothing more. */
   #loopLeft = false;
+  /** The app's tasks when this worker was made: the only ones it claims. */
+  #tasks: ReadonlySet<string>;
+  /** Tasks registered later, already warned of. */
+  #lateTasks = new Set<string>();
   #draining = false;
   /** The process this worker replaces, until the jobs it left running are settled. */
   #previous: PreviousProcess | null = null;
@@ -166,6 +170,7 @@ export class Worker {
     this.#pruner = new Pruner(app.sql, { ...prune, interval: config.pruneInterval });
     this.#scheduler = config.schedules ? new Scheduler(loopSql, { app }) : null;
     const tasks = [...app.tasks.keys()];
+    this.#tasks = new Set(tasks);
     this.#claimer = new Claimer(loopSql, { schema, workerId: this.id, tasks, hooks });
     this.#handOffs = hooks.length === 0 && app.retention !== 0;
     // Every pass in batch mode (a batch run ends when nothing is left to do).
@@ -359,6 +364,7 @@ export class Worker {
     const stopReporting = reportThroughMeter(this.metrics);
     const unguardExit = guardProcessExit((jobId, error) => this.#handlerExit(jobId, error));
     log.logStarted(this.id, this.config.queues, this.config.slots);
+    this.#warnLateTasks();
     let exit: WorkerExit;
     // The lease is lost all the same when the loop is stuck: stop as the heartbeat rule says.
     const watch = this.#heartbeat.watch();
@@ -574,9 +580,23 @@ export class Worker {
       .catch(() => {});
   }
 
+  /**
+   * Warn (once per task) of tasks the app registered after this worker was made: it does not
+   * run them, and their jobs would wait for another worker.
+   */
+  #warnLateTasks(): void {
+    if (this.#app.tasks.size === this.#tasks.size + this.#lateTasks.size) return;
+    for (const name of this.#app.tasks.keys()) {
+      if (this.#tasks.has(name) || this.#lateTasks.has(name)) continue;
+      this.#lateTasks.add(name);
+      log.logTaskAfterWorker(this.id, name);
+    }
+  }
+
   /** Heartbeat when due; returns an exit when the lease is lost or the error is fatal. */
   async #beatIfDue(): Promise<WorkerExit | null> {
     if (!this.#heartbeat.due()) return null;
+    this.#warnLateTasks();
     // No claim runs during a beat, so what it reports running and this worker does not
     // know of is not its to finish: a claim whose reply was lost, an unwritten outcome.
     const running = [...this.#slots.ids()];
