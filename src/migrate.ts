@@ -27,6 +27,7 @@ import flowStepsHandOff from "../migrations/0019_flow_steps_hand_off.sql" with {
 };
 import limitHandOff from "../migrations/0020_limit_hand_off.sql" with { type: "text" };
 import flowEnqueueSpeed from "../migrations/0023_flow_enqueue_speed.sql" with { type: "text" };
+import completePlain from "../migrations/0024_complete_plain.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -78,6 +79,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0019_flow_steps_hand_off", sql: flowStepsHandOff },
   { version: "0020_limit_hand_off", sql: limitHandOff },
   { version: "0023_flow_enqueue_speed", sql: flowEnqueueSpeed },
+  { version: "0024_complete_plain", sql: completePlain },
 ];
 
 /** Options of {@linkcode migrate}. */

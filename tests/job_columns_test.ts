@@ -113,6 +113,33 @@ Deno.test("the hand-off of complete_jobs (0019) claims by the claim rule and ret
   });
 });
 
+Deno.test("complete_jobs_plain (0024) writes an outcome as complete_jobs (0019) does, and returns its columns", async () => {
+  await withDatabase("job_columns_plain", async (_db, sql) => {
+    const bodies = await sql`
+      select p.proname as name, p.prosrc as body from pg_proc p
+        join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze' and (p.proname = 'complete_jobs_plain'
+              or (p.proname = 'complete_jobs' and p.pronargs = 13))`;
+    const of = (name: string) => normalize(bodies.find((b) => b.name === name)!.body as string);
+    // The UPDATE's SET and WHERE: from SET to the unnest's aliases (which the plain one
+    // lists without the dead-letter columns), then from its WHERE to RETURNING.
+    const set = (body: string) => /update "akadze"\.jobs j set(.*?)from unnest\(/.exec(body)?.[1];
+    const where = (body: string) => /(where j\.id = o\.id.*?)returning/.exec(body)?.[1];
+    const full = of("complete_jobs");
+    const plain = of("complete_jobs_plain");
+    assert(set(full) !== undefined && where(full) !== undefined, "0019's UPDATE found");
+    assertEquals(set(plain), set(full), "the SET");
+    assertEquals(where(plain), where(full), "the WHERE");
+    assert(
+      plain.includes(normalize(
+        "returning j.id::text, j.state::text, j.attempt, date_part('epoch', j.run_at) * 1000, " +
+          "j.has_dependents, null::jsonb",
+      )),
+      "the columns of complete_jobs, in its order",
+    );
+  });
+});
+
 Deno.test("the state constraints, the partial indexes and SQL enqueue list the states of job.ts", async () => {
   await withDatabase("job_columns_states", async (_db, sql) => {
     const literals = (text: string) => [...text.matchAll(/'([a-z_]+)'::text/g)].map((m) => m[1]);

@@ -101,6 +101,7 @@ export class Completer {
   #hooks: readonly OnTransitionHook[];
   #shortText: string;
   #keysText: string;
+  #plainText: string;
   #rowsText: string;
   #deleteText: string | null;
 
@@ -119,6 +120,7 @@ export class Completer {
     const s = quoteSchema(schema);
     this.#shortText = completeStatement(s);
     this.#keysText = completeKeysStatement(s);
+    this.#plainText = completePlainStatement(s);
     this.#rowsText = `select ${JOB_RETURNING} from ${s}.jobs j where j.id
         operator(pg_catalog.=) any($1::bigint[])`;
     this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
@@ -164,13 +166,12 @@ export class Completer {
     offer?: HandOffer,
     handed?: ClaimedJob[],
   ): Promise<WrittenRow[]> {
-    // The 14-argument write only when it may hand keyed jobs: it calls the 13-argument one.
+    // The 14-argument write only when it may hand keyed jobs: it calls the 13-argument one;
+    // the plain write when nothing but the outcomes is to be done (see `encode`).
     const keys = offer?.keys === true && offer.total > 0;
-    const rows = await tx.unsafe(
-      keys ? this.#keysText : this.#shortText,
-      encode(outcomes, offer, keys),
-      PREPARED,
-    ).values();
+    const { values, plain } = encode(outcomes, offer, keys);
+    const text = plain ? this.#plainText : keys ? this.#keysText : this.#shortText;
+    const rows = await tx.unsafe(text, values as never, PREPARED).values();
     const written: WrittenRow[] = [];
     let claimed: Record<string, unknown>[] | null = null;
     for (const v of rows) {
@@ -295,16 +296,28 @@ class OutcomeEncodingError extends Error {
 }
 
 /**
- * {@linkcode params}, an error of which is an {@linkcode OutcomeEncodingError} (without
- * the original as its cause: whatever a result's getter threw must not look transient).
+ * The parameters of a batch write, and whether the plain write takes them (no dead letter,
+ * no slot offered). An error of {@linkcode params} is an {@linkcode OutcomeEncodingError}
+ * (without the original as its cause: whatever a result's getter threw must not look
+ * transient).
  */
-function encode(outcomes: readonly Outcome[], offer?: HandOffer, keys = false): never {
+function encode(
+  outcomes: readonly Outcome[],
+  offer?: HandOffer,
+  keys = false,
+): { values: unknown[]; plain: boolean } {
+  let outcome: unknown[];
   try {
-    const values = [...params(outcomes), ...handOffParams(offer)];
-    return (keys ? [...values, true] : values) as never;
+    outcome = params(outcomes);
   } catch {
     throw new OutcomeEncodingError();
   }
+  // No dead letter (columns 7 and 8 all null) and no slot offered: the plain write's six.
+  if (outcome[6] === null && outcome[7] === null && (!offer || offer.total <= 0)) {
+    return { values: outcome.slice(0, 6), plain: true };
+  }
+  const values = [...outcome, ...handOffParams(offer)];
+  return { values: keys ? [...values, true] : values, plain: false };
 }
 
 /** The parameters of the outcome UPDATE: parallel arrays, one element per outcome. */
@@ -408,6 +421,16 @@ function deleteStatement(s: string): string {
 function completeStatement(s: string): string {
   return `select id, state, attempt, run_at_ms, has_dependents, claimed
             from ${s}.complete_jobs($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`;
+}
+
+/**
+ * {@linkcode completeStatement} for a batch that needs nothing but its outcomes written (no
+ * dead letter, no slot offered): migrations/0024's `complete_jobs_plain`, the same UPDATE
+ * alone. A job it ends that has dependents has them settled by the row trigger.
+ */
+function completePlainStatement(s: string): string {
+  return `select id, state, attempt, run_at_ms, has_dependents, claimed
+            from ${s}.complete_jobs_plain($1, $2, $3, $4, $5, $6)`;
 }
 
 /**
