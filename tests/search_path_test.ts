@@ -111,6 +111,17 @@ Deno.test("akadze's functions call no shadowing function or operator of the call
       const [y] = await sql`select state from akadze.jobs
         where id = ${pair.find((s) => s.step === "y")!.id}`;
       assertEquals(y.state, "queued");
+      // The plain outcome write (0024): its success's dependent is settled by the trigger.
+      const plainPair = await hostile`select step, id from akadze.enqueue_flow('[
+        {"name": "p", "task": "v"}, {"name": "q", "task": "v", "depends_on": ["p"]}]')`;
+      const [p] = await hostile`
+        select id, run_count from akadze.claim_one('default', '{v}', 1, '{}', 'w1')`;
+      const plain = await hostile`select * from akadze.complete_jobs_plain(${[p.id]}::bigint[],
+        ${[p.run_count]}::int[], '{succeeded}', '{"{}"}', '{null}', '{0}')`;
+      assertEquals([plain[0].state, plain[0].has_dependents], ["succeeded", true]);
+      const [q] = await sql`select state from akadze.jobs
+        where id = ${plainPair.find((s) => s.step === "q")!.id}`;
+      assertEquals(q.state, "queued");
       // The unique-key modes (0015): a throttle window, a replace, a running holder's key given
       // up, and an enqueue inside the window.
       const keyed = (mode: string) =>

@@ -775,7 +775,7 @@ Deno.test("the worker and the enqueue prepare their statements when the pool doe
         await loop.close();
       }
       await app.close();
-      const ours = ["claim_one(", "complete_jobs(", 'insert into "akadze".jobs'];
+      const ours = ["claim_one(", "complete_jobs", 'insert into "akadze".jobs'];
       for (const text of ours) {
         assertEquals(
           statements.some((s) => s.includes(text)),
