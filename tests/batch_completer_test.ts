@@ -187,3 +187,34 @@ Deno.test("a write of a success that kept its slot hands the dependent over; a f
     assertEquals([orphan.state, orphan.worker_id], ["running", "w1"]);
   });
 });
+
+Deno.test("after a job with dependents is written, its task's batches take the full write; both settle the dependent", async () => {
+  await withApp("bc_plain_learns", async (app, sql) => {
+    const completer = new BatchCompleter(app.sql, { schema: app.schema, hooks: [] });
+    const steps = await sql`select step, id::text as id from akadze.enqueue_flow(${
+      JSON.stringify([
+        { name: "a1", task: "t" },
+        { name: "a2", task: "t" },
+        { name: "j", task: "t", depends_on: ["a1", "a2"] },
+      ])
+    }::text::jsonb)`;
+    const ids = Object.fromEntries(steps.map((s) => [s.step, s.id]));
+    await sql`update akadze.jobs set state = 'running', worker_id = 'w1', run_count = 1,
+      started_at = now() where id in (${ids.a1}, ${ids.a2})`;
+    const plain: (boolean | undefined)[] = [];
+    const write = completer.writer.write.bind(completer.writer);
+    completer.writer.write = (outcomes, offer, options) => {
+      plain.push(options?.plain);
+      return write(outcomes, offer, options);
+    };
+    const state = async () =>
+      (await sql`select state from akadze.jobs where id = ${ids.j}`)[0].state;
+    completer.complete({ id: ids.a1, runCount: 1, kind: "succeeded" }, job);
+    await completer.runOnce();
+    assertEquals(await state(), "waiting");
+    completer.complete({ id: ids.a2, runCount: 1, kind: "succeeded" }, job);
+    await completer.runOnce();
+    assertEquals(plain, [true, false]);
+    assertEquals(await state(), "queued");
+  });
+});

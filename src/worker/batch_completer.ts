@@ -164,6 +164,8 @@ export class BatchCompleter {
   #flushing: Promise<void> | null = null;
   #abandon = new AbortController();
   #counts: BatchCounts = zeroCounts();
+  /** Tasks a written job of which had dependents. */
+  #withDependents = new Set<string>();
 
   /** Make a batch completer on a pool; settings are validated now (`AkadzeError`). */
   constructor(sql: Sql, config: BatchCompleterConfig) {
@@ -333,6 +335,9 @@ export class BatchCompleter {
     const signal = this.#abandon.signal;
     const completer = this.#writeFinal ? this.#final : this.writer;
     const kept = batch.filter((p) => p.kept);
+    // The update alone when no job of the batch is of a task seen with dependents (a flow's
+    // steps are counted down per statement by the full write).
+    const plain = batch.every((p) => p.job !== undefined && !this.#withDependents.has(p.job.task));
     let lost = false;
     let result: CompleteResult;
     try {
@@ -344,7 +349,7 @@ export class BatchCompleter {
             kept.some((p) => p.job!.limit_key != null),
           )
           : null;
-        const write = completer.write(batch.map((p) => p.outcome), offer ?? undefined);
+        const write = completer.write(batch.map((p) => p.outcome), offer ?? undefined, { plain });
         if (!offer) return write;
         return write.catch((error) => {
           lost = true;
@@ -386,7 +391,10 @@ export class BatchCompleter {
         if (queues) queues.push(p!.job!.queue);
         else freed.set(key, [p!.job!.queue]);
       }
-      if (row.hasDependents && p?.job) onDependents?.(p.job.task);
+      if (row.hasDependents && p?.job) {
+        this.#withDependents.add(p.job.task);
+        onDependents?.(p.job.task);
+      }
       p?.done();
     }
     if (freed) {

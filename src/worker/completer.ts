@@ -131,13 +131,25 @@ export class Completer {
    * (no hooks, no `deleteSucceeded`), the dependents the successes queue may be claimed for
    * the writing worker in the same statement: `handed`.
    */
-  async write(outcomes: readonly Outcome[], offer?: HandOffer): Promise<CompleteResult> {
+  async write(
+    outcomes: readonly Outcome[],
+    offer?: HandOffer,
+    options: {
+      /**
+       * No job of the batch is known to have dependents: without a dead letter or a slot
+       * offered, the update alone writes it (`complete_jobs_plain`). A job that has dependents
+       * all the same has them settled by the row trigger, one row at a time; the full write
+       * counts them down per statement.
+       */
+      plain?: boolean;
+    } = {},
+  ): Promise<CompleteResult> {
     if (this.#deleteText !== null && outcomes.some((o) => o.kind === "succeeded")) {
       return this.#result(outcomes, await this.#deleteAndUpdate(this.#deleteText, outcomes), []);
     }
     if (this.#hooks.length === 0) {
       const handed: ClaimedJob[] = [];
-      const written = await this.#short(outcomes, this.#sql, offer, handed);
+      const written = await this.#short(outcomes, this.#sql, offer, handed, options.plain);
       return this.#result(outcomes, written, [], handed);
     }
     const { rows, rolledBack } = await applyTransitions(
@@ -165,11 +177,12 @@ export class Completer {
     tx: Sql | TransactionSql = this.#sql,
     offer?: HandOffer,
     handed?: ClaimedJob[],
+    plainAllowed = false,
   ): Promise<WrittenRow[]> {
     // The 14-argument write only when it may hand keyed jobs: it calls the 13-argument one;
     // the plain write when nothing but the outcomes is to be done (see `encode`).
     const keys = offer?.keys === true && offer.total > 0;
-    const { values, plain } = encode(outcomes, offer, keys);
+    const { values, plain } = encode(outcomes, offer, keys, plainAllowed);
     const text = plain ? this.#plainText : keys ? this.#keysText : this.#shortText;
     const rows = await tx.unsafe(text, values as never, PREPARED).values();
     const written: WrittenRow[] = [];
@@ -296,8 +309,8 @@ class OutcomeEncodingError extends Error {
 }
 
 /**
- * The parameters of a batch write, and whether the plain write takes them (no dead letter,
- * no slot offered). An error of {@linkcode params} is an {@linkcode OutcomeEncodingError}
+ * The parameters of a batch write, and whether the plain write takes them (allowed, no dead
+ * letter, no slot offered). An error of {@linkcode params} is an {@linkcode OutcomeEncodingError}
  * (without the original as its cause: whatever a result's getter threw must not look
  * transient).
  */
@@ -305,6 +318,7 @@ function encode(
   outcomes: readonly Outcome[],
   offer?: HandOffer,
   keys = false,
+  plainAllowed = false,
 ): { values: unknown[]; plain: boolean } {
   let outcome: unknown[];
   try {
@@ -313,7 +327,7 @@ function encode(
     throw new OutcomeEncodingError();
   }
   // No dead letter (columns 7 and 8 all null) and no slot offered: the plain write's six.
-  if (outcome[6] === null && outcome[7] === null && (!offer || offer.total <= 0)) {
+  if (plainAllowed && outcome[6] === null && outcome[7] === null && (!offer || offer.total <= 0)) {
     return { values: outcome.slice(0, 6), plain: true };
   }
   const values = [...outcome, ...handOffParams(offer)];

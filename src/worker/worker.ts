@@ -547,7 +547,7 @@ export class Worker {
    * on the loop's connection): half the heartbeat TTL, as a beat has. Past it the connection
    * is replaced, which fails the statement waiting on it; the loop handles that as any failed
    * statement (a claim that committed meanwhile is found by the next beat and put back), and
-   * the next beat still comes within the lease. Returns the timer to clear.
+   * the next beat still comes within the lease. Returns the guard to clear once the pass ends.
    */
   #guardPass(): { clear(): void } {
     const bound = this.config.heartbeatTtl / 2;
