@@ -467,7 +467,8 @@ export class Akadze {
   /**
    * Wait until every job of flow `flowId` (the id `enqueueFlow` returned) is finished, as
    * {@linkcode Akadze.waitForJobs} does, including children its steps add while it runs;
-   * resolves to each job by step name (a job without one by its id). `JobNotFound` when no
+   * resolves to each job by step name (by its id a job without one, or a child whose name an
+   * earlier job of the flow has: two steps may each add a child `page-1`). `JobNotFound` when no
    * job belongs to the flow; `JobWaitTimeout` after `timeout` ms.
    *
    * @example

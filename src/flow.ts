@@ -799,7 +799,9 @@ export function chord(
 
 /**
  * The jobs of flow `flowId` (its steps, and children added at run time), `[key, id]` in id
- * order: the key is the step name, or the job id of a job without one.
+ * order: the key is the step name, or the job id of a job without one or of one whose name an
+ * earlier job of the flow has (two steps may each add a child of the same name; neither may
+ * hide the other).
  */
 export async function flowJobs(
   sql: Sql,
@@ -811,5 +813,11 @@ export async function flowJobs(
       where flow_id operator(pg_catalog.=) $1::bigint order by id`,
     [flowId],
   );
-  return rows.map((r) => [(r.step ?? r.id) as string, r.id as string]);
+  const taken = new Set<string>();
+  return rows.map((r) => {
+    const step = r.step as string | null;
+    const key = step === null || taken.has(step) ? r.id as string : step;
+    taken.add(key);
+    return [key, r.id as string];
+  });
 }

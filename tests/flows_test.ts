@@ -694,6 +694,35 @@ Deno.test("waitForFlow resolves when every step, and every child added meanwhile
   });
 });
 
+Deno.test("waitForFlow keeps both children when two steps each add one of the same name", async () => {
+  await withApp("flows_wait_names", async (app) => {
+    const leaf = app.task("leaf", ({ n }) => n);
+    const fan = app.task("fan", async ({ n }, ctx) => {
+      const done = await ctx.dependencies();
+      if (!done["page-1"]) {
+        await ctx.waitForChildren({ "page-1": { task: leaf, args: { n } } });
+        return;
+      }
+      return done["page-1"].result;
+    });
+    const flow = await app.enqueueFlow({
+      a: { task: fan, args: { n: 1 } },
+      b: { task: fan, args: { n: 2 } },
+    });
+    const worker = startWorker(app);
+    try {
+      const jobs = await app.waitForFlow(flow.id, { timeout: 60_000 });
+      assertEquals(Object.keys(jobs).length, 4);
+      assertEquals([jobs.a.result, jobs.b.result].sort(), [1, 2]);
+      const pages = Object.values(jobs).filter((j) => j.task === "leaf");
+      assertEquals(pages.map((j) => j.result).sort(), [1, 2]);
+      assertEquals(jobs["page-1"].task, "leaf");
+    } finally {
+      await worker.stop();
+    }
+  });
+});
+
 Deno.test("a node-postgres session enqueues a flow in the client's transaction", async () => {
   await withApp("flows_pg", async (app, sql, db) => {
     const ok = app.task("ok", () => 1);
