@@ -28,6 +28,7 @@ import flowStepsHandOff from "../migrations/0019_flow_steps_hand_off.sql" with {
 import limitHandOff from "../migrations/0020_limit_hand_off.sql" with { type: "text" };
 import flowEnqueueSpeed from "../migrations/0023_flow_enqueue_speed.sql" with { type: "text" };
 import completePlain from "../migrations/0024_complete_plain.sql" with { type: "text" };
+import finiteTimes from "../migrations/0025_finite_times.sql" with { type: "text" };
 import {
   connect,
   DEFAULT_SCHEMA,
@@ -80,6 +81,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: "0020_limit_hand_off", sql: limitHandOff },
   { version: "0023_flow_enqueue_speed", sql: flowEnqueueSpeed },
   { version: "0024_complete_plain", sql: completePlain },
+  { version: "0025_finite_times", sql: finiteTimes },
 ];
 
 /** Options of {@linkcode migrate}. */

@@ -318,10 +318,12 @@ Deno.test("a queued job with a cancel request or a passed expiry is not ready an
   });
 });
 
-Deno.test("a job enqueued from SQL at run_at -infinity breaks neither queueSnapshot nor akadze health", async () => {
+Deno.test("a job at run_at -infinity breaks neither queueSnapshot nor akadze health", async () => {
   await withApp("adm_infinite_run_at", async (app, sql, db) => {
-    await sql`select akadze.enqueue('mail', '{}', queue => 'mail', run_at => '-infinity')`;
-    await sql`select akadze.enqueue('mail', '{}', queue => 'mail', run_at => 'infinity')`;
+    // SQL enqueue refuses these times now; a row written by an earlier version, or inserted
+    // directly, may still have them.
+    await sql`insert into akadze.jobs (task, queue, run_at)
+              values ('mail', 'mail', '-infinity'), ('mail', 'mail', 'infinity')`;
     // Before, both failed with "cannot subtract infinite timestamps".
     const [m] = (await queueSnapshot(app)).filter((q) => q.queue === "mail");
     assertEquals(m.counts.queued, 2);

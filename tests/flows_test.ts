@@ -347,6 +347,15 @@ Deno.test("SQL enqueue_flow takes steps in any order and refuses a cycle with 22
       }::text::jsonb)`
     ) as { code?: string };
     assertEquals(missing.code, "23503");
+    for (const step of [{ run_at: "infinity" }, { expires_at: "-Infinity" }]) {
+      const infinite = await assertRejects(() =>
+        sql`select * from akadze.enqueue_flow(${
+          JSON.stringify([{ name: "a", task: "ok" }, { name: "b", task: "ok", ...step }])
+        }::text::jsonb)`
+      ) as { code?: string; message: string };
+      assertEquals(infinite.code, "22023", infinite.message);
+      assertMatch(infinite.message, /step 2 of this flow .* must be finite times/);
+    }
     assertEquals(await countJobs(sql), 3);
   });
 });

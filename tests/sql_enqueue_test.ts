@@ -140,6 +140,10 @@ Deno.test("the SQL functions refuse what the TypeScript API refuses, nothing ins
       // A batch cannot share a unique key (enqueueMany refuses it too), ignored or not.
       [`'[{}, {}]', unique_key => 'u'`, "22023", /the 2 jobs of this batch cannot share/],
       [`'[{}, {}]', unique_key => 'u', on_duplicate => 'ignore'`, "22023", /cannot share/],
+      // A Date is finite: so must SQL's times be (a job at 'infinity' would never run).
+      [`'[{}]', run_at => 'infinity'`, "22023", /run_at must be a finite time, got infinity/],
+      [`'[{}]', run_at => '-infinity'`, "22023", /run_at must be a finite time, got -infinity/],
+      [`'[{}]', expires_at => '-infinity'`, "22023", /expires_at must be a finite time/],
     ];
     for (const [rest, code, message] of bulk) {
       const error = await assertRejects(
@@ -148,6 +152,11 @@ Deno.test("the SQL functions refuse what the TypeScript API refuses, nothing ins
       assertEquals(error.code, code, `${rest}: ${error.message}`);
       assertMatch(error.message, message);
     }
+    const infinite = await assertRejects(() =>
+      sql`select akadze.enqueue('t', run_at => 'infinity')`
+    ) as { code?: string; message: string };
+    assertEquals(infinite.code, "22023", infinite.message);
+    assertMatch(infinite.message, /pass NULL to run the job now/);
     const nullTask = await assertRejects(() => sql`select akadze.enqueue(null)`) as {
       code?: string;
     };
