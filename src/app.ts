@@ -14,7 +14,7 @@ import {
 } from "./db.ts";
 import type { NodePostgresClient } from "./node_postgres.ts";
 import { installArrayTypes } from "./array_types.ts";
-import { guardTypeFetch, installDriverGuard } from "./driver_guard.ts";
+import { guardPools, installDriverGuard } from "./driver_guard.ts";
 import { LISTEN_URL_ENV, poolSizeFromEnv, readEnv } from "./env.ts";
 import { AkadzeError, JobNotFound } from "./errors.ts";
 import type { Hooks } from "./job.ts";
@@ -195,9 +195,9 @@ export class Akadze {
     }
     if (max === undefined && sql === undefined) max = poolSizeFromEnv();
     this.#owned = sql === undefined;
-    // An adopted pool fetches types on each new connection too (connect() guards its own).
+    // An adopted pool has the driver's hazards too (connect() guards its own).
     if (sql) {
-      guardTypeFetch();
+      guardPools();
       // Its statements with array parameters must not depend on the driver's lazy type fetch.
       installArrayTypes(sql);
     }

@@ -8,7 +8,7 @@ import { userInfo } from "node:os";
 import postgres from "postgres";
 import { AkadzeError } from "./errors.ts";
 import { installArrayTypes } from "./array_types.ts";
-import { guardTypeFetch } from "./driver_guard.ts";
+import { guardPools } from "./driver_guard.ts";
 import { readEnv } from "./env.ts";
 import { openSocket } from "./startup_guard.ts";
 
@@ -79,8 +79,9 @@ export function connect(
   }
   checkPorts(authority.slice(authority.lastIndexOf("@") + 1));
   // Each new connection first fetches the array types, and a connection lost during that
-  // fetch leaves an unhandled rejection behind that would end the process.
-  guardTypeFetch();
+  // fetch leaves an unhandled rejection behind that would end the process; so does a
+  // transaction whose connection closed under it (driver_guard.ts).
+  guardPools();
   let sql: Sql;
   try {
     sql = newPool(databaseUrl, options);
@@ -332,8 +333,11 @@ export async function explainMissingSchema<T>(
   }
 }
 
-/** akadze's tables and functions, as a permission error names them (without the schema). */
-const AKADZE_OBJECTS = new Set([
+/**
+ * akadze's tables, sequences and functions, as a permission error names them (without the
+ * schema); tests/roles_test.ts checks it against a migrated schema.
+ */
+export const AKADZE_OBJECTS: ReadonlySet<string> = new Set([
   "jobs",
   "workers",
   "limits",
@@ -343,6 +347,7 @@ const AKADZE_OBJECTS = new Set([
   "job_dependencies",
   "unique_windows",
   "schema_migrations",
+  "jobs_id_seq",
   "enqueue",
   "enqueue_many",
   "enqueue_keyed",
@@ -352,9 +357,16 @@ const AKADZE_OBJECTS = new Set([
   "claim_one_floor",
   "claim_one_checked",
   "complete_jobs",
+  "complete_jobs_plain",
   "append_error",
   "outcome_state",
   "prune_linked_jobs",
+  "flow_order",
+  "json_integer_in",
+  "notify_awaited",
+  "settle_dependents",
+  "settle_dependents_trigger",
+  "revive_dependents",
 ]);
 
 /**

@@ -6,10 +6,15 @@
  * frame outside the runtime). The worker treats those like any transient database error
  * instead of dying. And the driver's own first statement on each new connection (it fetches
  * the array types) is awaited by nobody: when that connection is lost meanwhile, its error is
- * an unhandled rejection, which every pool akadze makes absorbs ({@linkcode guardTypeFetch}).
+ * an unhandled rejection. Every pool akadze makes absorbs that rejection, and the write on a
+ * connection the driver has let go, for the whole process ({@linkcode guardPools}).
  *
  * @module
  */
+
+import { logger } from "./log.ts";
+
+const log = logger("db");
 
 /** Socket error codes a killed or reset connection produces. */
 const SOCKET_CODES = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "ETIMEDOUT"]);
@@ -39,18 +44,43 @@ export function isTypeFetchError(error: unknown): boolean {
   return typeof query === "string" && TYPE_FETCH.test(query);
 }
 
-let typeFetchGuarded = false;
+/**
+ * Whether an uncaught error is postgres.js writing on a connection it has let go: when a
+ * transaction's connection closes under it (its backend terminated, an idle-in-transaction
+ * timeout, a failover), the driver sends the transaction's rollback on that connection and
+ * throws `TypeError: Cannot read properties of null (reading 'write')` on a later turn, where
+ * no caller can catch it. The transaction has failed already, with the connection's own error,
+ * and the pool connects again for the next statement.
+ */
+export function isClosedConnectionWrite(error: unknown): boolean {
+  if (!(error instanceof TypeError) || !error.message.includes("(reading 'write')")) return false;
+  const frame = (error.stack ?? "").split("\n").find((line) => /^\s+at /.test(line)) ?? "";
+  return /postgres[\\/]src[\\/]connection\.js/.test(frame);
+}
+
+let poolsGuarded = false;
 
 /**
- * Absorb, for the rest of the process, the unhandled rejection of a failed driver type fetch
- * ({@linkcode isTypeFetchError}), which would otherwise end it. Installed once, by every pool
- * akadze makes or adopts; other rejections are left alone.
+ * Absorb, for the rest of the process, the driver's errors that no caller can catch and that
+ * would otherwise end it: the unhandled rejection of a failed type fetch
+ * ({@linkcode isTypeFetchError}) and the write on a connection it has let go
+ * ({@linkcode isClosedConnectionWrite}). Installed once, by every pool akadze makes or
+ * adopts, so that an application that only enqueues survives them as a worker does; other
+ * errors are left alone.
  */
-export function guardTypeFetch(): void {
-  if (typeFetchGuarded) return;
-  typeFetchGuarded = true;
+export function guardPools(): void {
+  if (poolsGuarded) return;
+  poolsGuarded = true;
   globalThis.addEventListener("unhandledrejection", (event: PromiseRejectionEvent) => {
     if (isTypeFetchError(event.reason)) event.preventDefault();
+  });
+  globalThis.addEventListener("error", (event: ErrorEvent) => {
+    if (!isClosedConnectionWrite(event.error)) return;
+    event.preventDefault();
+    log.debug("database driver error ignored: {message}", {
+      event: "db_closed_connection_write",
+      message: "a statement was written on a connection that had closed under its transaction",
+    });
   });
 }
 

@@ -2,6 +2,7 @@
 // it) raises where no caller can catch them.
 import {
   installDriverGuard,
+  isClosedConnectionWrite,
   isDriverError,
   isStraySocketError,
   isTypeFetchError,
@@ -235,4 +236,77 @@ Deno.test("the server's startup report is checked against target_session_attrs a
   assertEquals(checkSessionAttrs("prefer-standby", primary), true);
   // A server before PostgreSQL 14 does not report them: the driver asks it.
   assertEquals(checkSessionAttrs("primary", {}), undefined);
+});
+
+Deno.test("only the driver's own write on a let-go connection is absorbed for the whole process", () => {
+  const error = (frame: string, message = "Cannot read properties of null (reading 'write')") => {
+    const e = new TypeError(message);
+    e.stack = `TypeError: ${message}\n    at ${frame}\n    at Immediate.callback (ext:x:1:1)`;
+    return e;
+  };
+  const driver = "Immediate.nextWrite (file:///x/node_modules/postgres/src/connection.js:255:22)";
+  assert(isClosedConnectionWrite(error(driver)));
+  // Application code reading a null, or another error of the driver: left alone.
+  assert(!isClosedConnectionWrite(error("handler (file:///app/routes.ts:10:5)")));
+  assert(!isClosedConnectionWrite(error(driver, "Cannot read properties of null (reading 'x')")));
+  assert(!isClosedConnectionWrite(new Error("Cannot read properties of null (reading 'write')")));
+});
+
+Deno.test("an app whose transaction's backend is terminated keeps running: the driver's write on the closed connection is absorbed", async () => {
+  await withDatabase("guard_app_tx", async (db, admin) => {
+    // An application process, not a worker: it enqueues in its own transaction, as the docs
+    // show, and nothing else of akadze guards it.
+    const dir = await Deno.makeTempDir({ prefix: "akadze-guard-app-" });
+    try {
+      await Deno.writeTextFile(
+        `${dir}/app.ts`,
+        `import { Akadze } from ${JSON.stringify(new URL("../mod.ts", import.meta.url).href)};
+const app = new Akadze({ databaseUrl: Deno.args[0] });
+const hello = app.task("hello", () => "hi");
+const failed = await app.sql.begin(async (tx) => {
+  await hello.using({ session: tx }).enqueue({});
+  await tx\`select pg_catalog.pg_sleep(60)\`;
+}).then(() => null, (error) => error);
+console.log("transaction failed:", failed !== null);
+// The driver's rollback on the let-go connection throws on a later turn.
+await new Promise((resolve) => setTimeout(resolve, 500));
+const [row] = await app.sql\`select 1 as one\`;
+console.log("still running:", row.one === 1);
+await app.close();
+`,
+      );
+      const child = new Deno.Command(Deno.execPath(), {
+        args: [
+          "run",
+          "--allow-all",
+          "--config",
+          new URL("../deno.json", import.meta.url).pathname,
+          `${dir}/app.ts`,
+          db.url,
+        ],
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+      const output = child.output();
+      await waitFor(
+        async () =>
+          (await admin`select pg_terminate_backend(pid) as done from pg_stat_activity
+          where query like '%pg_sleep(60)%' and pid <> pg_backend_pid()`).some((r) => r.done),
+        "the app's transaction to be terminated",
+      ).catch(async (error) => {
+        try {
+          child.kill();
+        } catch { /* it ended already */ }
+        const out = await output;
+        throw new Error(`${error.message}: ${new TextDecoder().decode(out.stderr)}`);
+      });
+      const out = await within(output, 60_000, "the app to end");
+      const stdout = new TextDecoder().decode(out.stdout);
+      const stderr = new TextDecoder().decode(out.stderr);
+      assertEquals(out.code, 0, stderr);
+      assertEquals(stdout, "transaction failed: true\nstill running: true\n", stderr);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
 });

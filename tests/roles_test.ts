@@ -4,7 +4,7 @@
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import { Worker } from "../src/worker/worker.ts";
-import type { Sql } from "../src/db.ts";
+import { AKADZE_OBJECTS, type Sql } from "../src/db.ts";
 import { DuplicateJob, Fail } from "../src/errors.ts";
 import { migrate, pendingVersions } from "../src/migrate.ts";
 import { renderMetrics } from "../src/metrics.ts";
@@ -351,5 +351,21 @@ Deno.test("a role without akadze's grants gets an error that says where the gran
       await admin.unsafe(`drop owned by ${role}; drop role ${role}`).catch(() => {});
       await admin.end({ timeout: 1 });
     }
+  });
+});
+
+Deno.test("every table, sequence and function of akadze's schema is one a missing grant is explained for", async () => {
+  await withDatabase("roles_objects", async (db, sql) => {
+    await migrate(db.url);
+    const objects = await sql`
+      select c.relname as name from pg_class c join pg_namespace n on n.oid = c.relnamespace
+       where n.nspname = 'akadze' and c.relkind in ('r', 'S', 'v', 'p')
+      union
+      select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = 'akadze'`;
+    const names = objects.map((r) => r.name as string).sort();
+    assertEquals(names.filter((name) => !AKADZE_OBJECTS.has(name)), []);
+    // The list names nothing the schema does not have (a renamed object is renamed there too).
+    assertEquals([...AKADZE_OBJECTS].filter((name) => !names.includes(name)), []);
   });
 });

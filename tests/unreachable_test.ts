@@ -19,6 +19,17 @@ function deadUrl(): string {
   return `postgres://app:${PASSWORD}@127.0.0.1:${port}/app`;
 }
 
+/** Write `app.ts` into `dir`: an app on AKADZE_DATABASE_URL with one task, for the CLI. */
+async function writeApp(dir: string): Promise<void> {
+  await Deno.writeTextFile(
+    `${dir}/app.ts`,
+    `import { Akadze } from ${JSON.stringify(MOD)};
+export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
+app.task("hello", () => "hi");
+`,
+  );
+}
+
 Deno.test("a batch worker whose database never answers stops with code 1 after heartbeatTtl", async () => {
   const app = new Akadze({ databaseUrl: deadUrl() });
   app.task("hello", () => "hi");
@@ -49,13 +60,7 @@ Deno.test("a batch worker whose database never answers stops with code 1 after h
 Deno.test("akadze worker --batch against an unreachable database exits 1 with one clear line", async () => {
   const dir = await Deno.makeTempDir({ prefix: "akadze-unreachable-" });
   try {
-    await Deno.writeTextFile(
-      `${dir}/app.ts`,
-      `import { Akadze } from ${JSON.stringify(MOD)};
-export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
-app.task("hello", () => "hi");
-`,
-    );
+    await writeApp(dir);
     await withProcesses(async () => {
       const out = await within(
         spawnCli(
@@ -130,13 +135,7 @@ Deno.test("a URL that points at a server that is not PostgreSQL fails at once wi
       await app.close();
     }
     const dir = await Deno.makeTempDir({ prefix: "akadze-not-postgres-" });
-    await Deno.writeTextFile(
-      `${dir}/app.ts`,
-      `import { Akadze } from ${JSON.stringify(MOD)};
-export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
-app.task("hello", () => "hi");
-`,
-    );
+    await writeApp(dir);
     await withProcesses(async () => {
       const commands = [["jobs", "list"], ["migrate"], ["worker", `${dir}/app.ts`]];
       for (const args of commands) {
@@ -244,13 +243,7 @@ Deno.test("a worker whose database never answers stops within its shutdown timeo
 Deno.test("akadze worker against a database that never answers exits 0 soon after SIGTERM", async () => {
   const dir = await Deno.makeTempDir({ prefix: "akadze-silent-" });
   try {
-    await Deno.writeTextFile(
-      `${dir}/app.ts`,
-      `import { Akadze } from ${JSON.stringify(MOD)};
-export const app = new Akadze({ databaseUrl: Deno.env.get("AKADZE_DATABASE_URL") });
-app.task("hello", () => "hi");
-`,
-    );
+    await writeApp(dir);
     await withSilentServer(LONG_CONNECT_TIMEOUT, async (url, accepted) => {
       await withProcesses(async () => {
         const cli = spawnCli(["worker", `${dir}/app.ts`, "--shutdown-timeout", "1"], {
