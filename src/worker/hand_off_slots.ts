@@ -20,27 +20,33 @@ interface TaskSlots {
 /** The hand-off's slot keeping of one worker. */
 export class HandOffSlots {
   #tasks = new Map<string, TaskSlots>();
+  /** The jobs whose success keeps a slot counted here, until their write ends. */
+  #counted = new Set<string>();
 
   /** A job of `task` that finished here had dependents: its successes may keep slots. */
   learn(task: string): void {
     if (!this.#tasks.has(task)) this.#tasks.set(task, { kept: 0, limit: Infinity });
   }
 
-  /** Whether a success of `task` keeps its slot for its write's hand-off (counted if so). */
-  keep(task: string): boolean {
+  /** Whether the success of job `id` of `task` keeps its slot for its write's hand-off. */
+  keep(task: string, id: string): boolean {
     const slots = this.#tasks.get(task);
     if (!slots || slots.kept >= slots.limit) return false;
     slots.kept++;
+    this.#counted.add(id);
     return true;
   }
 
   /**
-   * A write that kept slots for successes of `tasks` (one entry per slot) ended: they are
-   * free again. `handed`: how many jobs it handed over, or null when it failed (nothing
-   * learnt).
+   * A write that kept slots for successes of `jobs` ended: the slots counted here are free
+   * again (a slot kept for another reason, a limit key's, is not). `handed`: how many jobs it
+   * handed over, or null when it failed (nothing learnt).
    */
-  settle(tasks: readonly string[], handed: number | null): void {
-    for (const task of tasks) {
+  settle(jobs: readonly { id: string; task: string }[], handed: number | null): void {
+    const tasks: string[] = [];
+    for (const { id, task } of jobs) {
+      if (!this.#counted.delete(id)) continue;
+      tasks.push(task);
       const slots = this.#tasks.get(task);
       if (slots) slots.kept--;
     }

@@ -103,8 +103,6 @@ export class Worker {
    * jobs free theirs at once, as before.
    */
   #keeping = new HandOffSlots();
-  /** The runs whose kept slot HandOffSlots counted, until their write ends. */
-  #counted = new Set<string>();
   /** Whether outcome writes may hand jobs over (not with onTransition hooks or retention 0). */
   #handOffs: boolean;
   /** The loop has returned (a drain or the last writes follow): nothing more is taken. */
@@ -199,9 +197,7 @@ export class Worker {
       },
       offer: (queues, keyed) => this.#offer(queues, tasks, keyed),
       onHandOff: (queues, handed, lost, jobs, written) => {
-        // Only the slots kept for dependents are counted by HandOffSlots (see keepFor).
-        const counted = jobs.filter((job) => this.#counted.delete(job.id));
-        this.#keeping.settle(counted.map((job) => job.task), written ? handed.length : null);
+        this.#keeping.settle(jobs, written ? handed.length : null);
         void this.#takeHanded(queues, handed, lost);
       },
       onDependents: (task) => this.#keeping.learn(task),
@@ -235,11 +231,7 @@ export class Worker {
       // write may hand this worker a dependent, or its key's next job.
       keepFor: (row) => {
         if (!this.#handOffs || this.#stopRequested || this.#loopEnded) return false;
-        if (this.#keeping.keep(row.task)) {
-          this.#counted.add(row.id);
-          return true;
-        }
-        return row.limited === true;
+        return this.#keeping.keep(row.task, row.id) || row.limited === true;
       },
     });
   }
