@@ -16,6 +16,11 @@ import { logger } from "./log.ts";
 
 const log = logger("db");
 
+/** What to look for when connections keep breaking (the end of the logs that report it). */
+export const CONNECTIONS_END_HINT: string =
+  "If this repeats, look for what ends connections: server restarts or failovers, terminated " +
+  "sessions, idle_in_transaction_session_timeout, a proxy's or firewall's idle timeout";
+
 /** Socket error codes a killed or reset connection produces. */
 const SOCKET_CODES = new Set(["ECONNRESET", "EPIPE", "ECONNABORTED", "ETIMEDOUT"]);
 
@@ -75,12 +80,15 @@ export function guardPools(): void {
     if (isTypeFetchError(event.reason)) event.preventDefault();
   });
   globalThis.addEventListener("error", (event: ErrorEvent) => {
-    if (!isClosedConnectionWrite(event.error)) return;
+    if (event.defaultPrevented || !isClosedConnectionWrite(event.error)) return;
     event.preventDefault();
-    log.debug("database driver error ignored: {message}", {
-      event: "db_closed_connection_write",
-      message: "a statement was written on a connection that had closed under its transaction",
-    });
+    // The driver's own words say nothing a user can act on.
+    log.warn(
+      "a statement was sent on a database connection that had just closed (the rollback of a " +
+        "transaction whose session ended); the process goes on and the connection is reopened " +
+        `for the next statement. ${CONNECTIONS_END_HINT}`,
+      { event: "db_error_transient", message: (event.error as Error).message },
+    );
   });
 }
 
@@ -98,18 +106,18 @@ export function isStraySocketError(error: unknown): boolean {
 }
 
 /**
- * Swallow uncaught driver errors while installed (reporting each to `onError`); returns
- * the function that uninstalls the guard.
+ * Swallow uncaught driver errors while installed (reporting each to `onError`; one another
+ * listener prevented already is left alone); returns the function that uninstalls the guard.
  */
 export function installDriverGuard(onError: (error: unknown) => void): () => void {
   const onUncaught = (event: ErrorEvent) => {
-    if (isDriverError(event.error)) {
+    if (!event.defaultPrevented && isDriverError(event.error)) {
       event.preventDefault();
       onError(event.error);
     }
   };
   const onRejection = (event: PromiseRejectionEvent) => {
-    if (isDriverError(event.reason)) {
+    if (!event.defaultPrevented && isDriverError(event.reason)) {
       event.preventDefault();
       onError(event.reason);
     }

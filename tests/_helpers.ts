@@ -8,6 +8,7 @@ import { Claimer } from "../src/worker/claimer.ts";
 import { Worker, type WorkerExit } from "../src/worker/worker.ts";
 import type { WorkerOptions } from "../src/worker/config.ts";
 import type { Sql } from "../src/db.ts";
+import { isClosedConnectionWrite } from "../src/driver_guard.ts";
 import { createTestDatabase, type TestDatabase } from "../src/testing.ts";
 
 /** Run `fn` with a fresh database (migrated unless `migrated: false`) and a pool on it. */
@@ -306,4 +307,17 @@ export async function holdLocks(
       await holder.end();
     },
   };
+}
+
+/**
+ * Count the driver's writes on a connection it has let go (the rollback of a transaction
+ * whose connection closed), which the pools' guard absorbs, until `stop()`.
+ */
+export function watchClosedConnectionWrites(): { count(): number; stop(): void } {
+  let count = 0;
+  const seen = (event: ErrorEvent) => {
+    if (event.defaultPrevented && isClosedConnectionWrite(event.error)) count++;
+  };
+  globalThis.addEventListener("error", seen);
+  return { count: () => count, stop: () => globalThis.removeEventListener("error", seen) };
 }

@@ -5,13 +5,19 @@
 import postgres from "postgres";
 import { Akadze } from "../src/app.ts";
 import { connect } from "../src/db.ts";
-import { installDriverGuard } from "../src/driver_guard.ts";
 import { migrate } from "../src/migrate.ts";
 import type { ThrowawayPostgres, ThrowawayStandby } from "../src/throwaway_postgres.ts";
 import type { WorkerExit } from "../src/worker/worker.ts";
 import { assert, assertEquals } from "./assert.ts";
 import { crash, startSyncPair } from "./_failover.ts";
-import { countJobs, startWorker, waitFor, within, withLogs } from "./_helpers.ts";
+import {
+  countJobs,
+  startWorker,
+  waitFor,
+  watchClosedConnectionWrites,
+  within,
+  withLogs,
+} from "./_helpers.ts";
 
 const JOBS = 300;
 const LATER = 50;
@@ -270,17 +276,16 @@ Deno.test("with target_session_attrs=primary, a pooled connection whose backend 
       // closed connection, which left the object unable to send (each reconnect waited for
       // the connect timeout). With several hosts the driver also ignores errors while it
       // connects, so what waits on the object must be failed in another way.
-      const guarded: unknown[] = [];
-      const remove = installDriverGuard((error) => guarded.push(error));
+      const writes = watchClosedConnectionWrites();
       try {
         for (let round = 0; round < 3; round++) {
-          const before = guarded.length;
+          const before = writes.count();
           const tx = sql.begin(async (tx) => {
             await tx`select pg_catalog.pg_sleep(60)`;
           }).then(() => null, (e: unknown) => e);
           await terminateBusy(sql, admin, name, tx);
           await waitFor(
-            () => guarded.length > before,
+            () => writes.count() > before,
             "the driver's write on the closed connection",
           );
           const started = performance.now();
@@ -305,7 +310,7 @@ Deno.test("with target_session_attrs=primary, a pooled connection whose backend 
           await sql`insert into written values (${10 + round})`;
         }
       } finally {
-        remove();
+        writes.stop();
       }
     } finally {
       await sql.end({ timeout: 1 });

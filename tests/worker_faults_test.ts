@@ -766,10 +766,10 @@ Deno.test("a worker process survives its connections being killed inside a compl
       const status = await proc.kill("SIGTERM");
       assertEquals(status.code, 0, proc.stderr().slice(-2000));
       assert(proc.lines.includes("exit 0 stopped"), proc.lines.join("\n"));
-      // The hazard did happen (postgres.js 3.4.x), and the worker's guard absorbed it.
+      // The hazard did happen (postgres.js 3.4.x), and the pool's guard absorbed it.
       assertMatch(
         proc.stderr(),
-        /a statement was sent on a database connection that had just closed \(the rollback of a transaction whose session ended\); the worker goes on, reopens the connection/,
+        /a statement was sent on a database connection that had just closed \(the rollback of a transaction whose session ended\); the process goes on and the connection is reopened/,
         "the driver did not throw its TypeError: this test no longer exercises the guard",
       );
       assert(!/uncaught/i.test(proc.stderr()), proc.stderr().slice(-2000));

@@ -8,6 +8,7 @@
  */
 import type { SpanContext } from "@opentelemetry/api";
 import { describeError } from "../db.ts";
+import { CONNECTIONS_END_HINT } from "../driver_guard.ts";
 import { attemptNumber } from "../job.ts";
 import { logger } from "../log.ts";
 import { inRunSpanContext } from "../tracing.ts";
@@ -73,19 +74,15 @@ export function logStopped(workerId: string, exit: StopRecord): void {
   });
 }
 
-/** `db_error_transient` for a database driver error the process guard ignored. */
+/**
+ * `db_error_transient` for a database driver error the process guard ignored (the driver's
+ * write on a closed connection is reported by the pools' own guard, driver_guard.ts).
+ */
 export function logDriverError(error: unknown): void {
   const message = describeError(error);
-  // postgres.js's own TypeError says nothing a user can act on: a statement (most often the
-  // rollback of a transaction whose session had just ended) was sent on a closed connection.
-  const what = /reading 'write'/.test(message)
-    ? "a statement was sent on a database connection that had just closed (the rollback of a " +
-      "transaction whose session ended)"
-    : "a database connection broke while the driver was using it ({message})";
   log.warn(
-    `${what}; the worker goes on, reopens the connection and retries what it was doing. If ` +
-      "this repeats, look for what ends connections: server restarts or failovers, terminated " +
-      "sessions, idle_in_transaction_session_timeout, a proxy's or firewall's idle timeout",
+    "a database connection broke while the driver was using it ({message}); the worker goes " +
+      `on, reopens the connection and retries what it was doing. ${CONNECTIONS_END_HINT}`,
     { event: "db_error_transient", message },
   );
 }
