@@ -313,7 +313,6 @@ Deno.test("the documented roles: enqueue, work and operate the queue as non-owne
 
 Deno.test("a role without akadze's grants gets an error that says where the grants are", async () => {
   await withDatabase("roles_missing_grant", async (db) => {
-    await migrate(db.url);
     const role = `nogrant_${crypto.randomUUID().slice(0, 8)}`;
     const admin = postgres(db.url, { max: 1, onnotice: () => {} });
     try {
@@ -355,8 +354,7 @@ Deno.test("a role without akadze's grants gets an error that says where the gran
 });
 
 Deno.test("every table, sequence and function of akadze's schema is one a missing grant is explained for", async () => {
-  await withDatabase("roles_objects", async (db, sql) => {
-    await migrate(db.url);
+  await withDatabase("roles_objects", async (_db, sql) => {
     const objects = await sql`
       select c.relname as name from pg_class c join pg_namespace n on n.oid = c.relnamespace
        where n.nspname = 'akadze' and c.relkind in ('r', 'S', 'v', 'p')
