@@ -7,6 +7,10 @@
  *
  * It is a postgres.js instance of one connection with the pool's own settings (server,
  * credentials, TLS, timeouts), opened on first use, reopened after it was reset or closed.
+ * Where the database's default isolation level is another (a team that set
+ * `default_transaction_isolation` to `serializable`), {@linkcode LoopConnection.readCommitted}
+ * reopens it at read committed: the claims' `FOR UPDATE SKIP LOCKED` and the counts of a
+ * limit key's running jobs are written for it (each statement sees what has committed).
  *
  * @module
  */
@@ -27,6 +31,8 @@ export class LoopConnection {
   #current: Sql | null = null;
   /** The statements made since {@linkcode LoopConnection.forget}. */
   #made = new Set<unknown>();
+  #readCommitted = false;
+  #onRefused: (() => void) | null = null;
 
   /** Derive a loop connection from a pool (nothing is opened until it is used). */
   constructor(source: Sql) {
@@ -70,6 +76,23 @@ export class LoopConnection {
     return query;
   }
 
+  /**
+   * From now on, open the connection with the session default `read committed` (a startup
+   * parameter), and close the current one, letting its statement finish for a moment. Returns
+   * false when that was done already. Nothing changes where the pool is not one this can
+   * derive a connection from. A connection pooler may refuse the parameter (PgBouncer knows
+   * only a few): the connection then goes on without it, and `onRefused` is called.
+   */
+  readCommitted(onRefused?: () => void): boolean {
+    if (this.#readCommitted) return false;
+    this.#readCommitted = true;
+    this.#onRefused = onRefused ?? null;
+    const old = this.#current;
+    this.#current = null;
+    if (old) void end(this.#source, old, CLOSE_TIMEOUT);
+    return true;
+  }
+
   /** Close the current connection, letting a running statement finish for a moment. */
   async close(): Promise<void> {
     const old = this.#current;
@@ -83,17 +106,37 @@ export class LoopConnection {
     if (!options || typeof options !== "object" || !("shared" in options)) return this.#source;
     // As postgres.js derives its own LISTEN connection: the pool's parsed options, one
     // connection, without the pool's notification and close callbacks.
+    const connection = options.connection as Record<string, unknown> | undefined;
     const sql = postgres({
       ...options,
       max: 1,
+      ...(this.#readCommitted
+        ? { connection: { ...connection, default_transaction_isolation: "read committed" } }
+        : {}),
       onnotify: undefined,
       onclose: undefined,
     } as unknown as postgres.Options<Record<string, never>>) as unknown as Sql;
+    // The first statement on it: where the parameter is refused, the statements queued
+    // behind it fail with the same (transient) error, and the next use opens one without.
+    if (this.#readCommitted) {
+      sql`select 1`.catch((error) => {
+        if (!isRefusedParameter(error) || !this.#readCommitted) return;
+        this.#readCommitted = false;
+        if (this.#current === sql) this.#current = null;
+        void end(this.#source, sql, 0);
+        this.#onRefused?.();
+      });
+    }
     let set = opened.get(this.#source);
     if (!set) opened.set(this.#source, set = new Set());
     set.add(sql);
     return sql;
   }
+}
+
+/** A pooler's refusal of a startup parameter it does not pass on (PgBouncer's words). */
+function isRefusedParameter(error: unknown): boolean {
+  return /unsupported startup parameter/i.test(String((error as Error)?.message));
 }
 
 /** End every loop connection derived from `source` that is still open (the app closes). */

@@ -21,6 +21,9 @@ Deno.test("the heartbeat registers the worker and re-registers it when its row i
       cancelRequested: [],
       running: [],
       server: undefined,
+      // The level its own statements run at (the worker reopens its connection at read
+      // committed when it is another).
+      isolation: "read committed",
     });
     // The server that answered, so that a failover or restart shows in the log.
     assertEquals(beat.server.address, `127.0.0.1:${new URL(db.url).port}`);

@@ -195,3 +195,30 @@ Deno.test({
       }
     }, { migrated: false }),
 });
+
+Deno.test({
+  name:
+    "through PgBouncer, on a database whose transactions default to serializable, a worker runs its jobs",
+  ignore,
+  fn: async () => {
+    await withPgBouncer("pgbouncer_serializable", async (direct, pooled, sql) => {
+      const [{ db }] = await sql`select current_database() as db`;
+      await sql`alter database ${sql(db)} set default_transaction_isolation = 'serializable'`;
+      await sql`insert into akadze.jobs (task) select 'work' from generate_series(1, 200)`;
+      const app = new Akadze({ databaseUrl: pooled, listenUrl: direct, max: 4 });
+      app.task("work", () => {});
+      try {
+        const records = await withLogs(async () => {
+          const worker = startWorker(app, { slots: 10, schedules: false });
+          await waitFor(async () => await countJobs(sql, "succeeded") === 200, "the jobs to run");
+          assertEquals((await worker.stop()).code, 0);
+        });
+        // PgBouncer refuses a startup parameter it does not know: the worker's own
+        // connection goes on at the database's level, and says so.
+        assertEquals(events(records, "read_committed_refused").length, 1);
+      } finally {
+        await app.close();
+      }
+    });
+  },
+});

@@ -104,6 +104,8 @@ export class Completer {
   #plainText: string;
   #rowsText: string;
   #deleteText: string | null;
+  /** How its own transactions begin: at read committed where the pool defaults to another. */
+  #begin = "";
 
   /**
    * Make a completer on a pool. With `deleteSucceeded` (the app's `retention: 0`, no
@@ -124,6 +126,15 @@ export class Completer {
     this.#rowsText = `select ${JOB_RETURNING} from ${s}.jobs j where j.id
         operator(pg_catalog.=) any($1::bigint[])`;
     this.#deleteText = options.deleteSucceeded && hooks.length === 0 ? deleteStatement(s) : null;
+  }
+
+  /**
+   * Write each batch in a transaction that runs at read committed: the pool's connections
+   * default to another level, at which the writes of several workers would fail against each
+   * other (a serialization failure, retried after a pause).
+   */
+  readCommitted(): void {
+    this.#begin = "isolation level read committed";
   }
 
   /**
@@ -149,7 +160,11 @@ export class Completer {
     }
     if (this.#hooks.length === 0) {
       const handed: ClaimedJob[] = [];
-      const written = await this.#short(outcomes, this.#sql, offer, handed, options.plain);
+      const write = (tx: Sql | TransactionSql) =>
+        this.#short(outcomes, tx, offer, handed, options.plain);
+      const written = this.#begin
+        ? await this.#sql.begin(this.#begin, write) as WrittenRow[]
+        : await write(this.#sql);
       return this.#result(outcomes, written, [], handed);
     }
     const { rows, rolledBack } = await applyTransitions(
@@ -217,7 +232,9 @@ export class Completer {
       return [...deleted, ...await this.#short(outcomes.filter((o) => !gone.has(o.id)), tx)];
     };
     const mixed = succeeded.length < outcomes.length;
-    return mixed ? await this.#sql.begin(run) as WrittenRow[] : await run(this.#sql);
+    return mixed || this.#begin
+      ? await this.#sql.begin(this.#begin, run) as WrittenRow[]
+      : await run(this.#sql);
   }
 
   #result(

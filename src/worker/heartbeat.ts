@@ -88,6 +88,8 @@ export interface BeatResult {
    * when its postmaster started, so a failover or restart the driver absorbed can be told.
    */
   server: { address: string; startedAt: string };
+  /** The isolation level of the beat's own transaction, as the server names it. */
+  isolation: string;
 }
 
 /** Keeps one worker's row alive. */
@@ -153,7 +155,8 @@ export class Heartbeat {
              coalesce(pg_catalog.host(pg_catalog.inet_server_addr()) operator(pg_catalog.||) ':'
                operator(pg_catalog.||)
                pg_catalog.inet_server_port(), 'local') as server_address,
-             pg_catalog.pg_postmaster_start_time()::pg_catalog.text as server_started_at
+             pg_catalog.pg_postmaster_start_time()::pg_catalog.text as server_started_at,
+             pg_catalog.current_setting('transaction_isolation') as isolation
         from hb`;
     this.#beat = beat(false);
     this.#beatScan = beat(true);
@@ -210,6 +213,7 @@ export class Heartbeat {
       cancelRequested: row.cancel,
       running,
       server: { address: row.server_address, startedAt: row.server_started_at },
+      isolation: row.isolation,
     };
   }
 

@@ -470,6 +470,33 @@ export function logRegistered(workerId: string): void {
 }
 
 /**
+ * `read_committed`: the database runs transactions at another isolation level by default; the
+ * worker's own statements go on at read committed.
+ */
+export function logReadCommitted(workerId: string, level: string): void {
+  log.info(
+    "the database runs transactions at {level} by default; worker {workerId} runs its own " +
+      "claims and outcome writes at read committed, where workers do not fail against each " +
+      "other (your transactions keep {level})",
+    { event: "read_committed", workerId, level },
+  );
+}
+
+/**
+ * `read_committed_refused`: a connection pooler refused to open the worker's own connection at
+ * read committed; its claims run at the database's level.
+ */
+export function logReadCommittedRefused(workerId: string, level: string): void {
+  log.warn(
+    "the connection pooler refused to open worker {workerId}'s connection at read committed: " +
+      "its claims run at {level}, where workers fail against each other and retry. Give the " +
+      "workers' role read committed: ALTER ROLE … SET default_transaction_isolation = " +
+      "'read committed'",
+    { event: "read_committed_refused", workerId, level },
+  );
+}
+
+/**
  * `database_server_changed`: the heartbeat reached another server, or the same one
  * restarted, without the worker seeing an error (the driver reconnected on its own).
  */

@@ -602,6 +602,16 @@ export class Worker {
     }
     if (lease.kind === "lost") return { code: 1, reason: "heartbeat_lost", message: lease.message };
     if (lease.kind === "failed") return null;
+    // A database whose default level is higher: claims that skip each other's locked rows,
+    // and the count of a limit key's running jobs after its row is locked, need each
+    // statement to see what has committed. The loop's connection is reopened at read
+    // committed before the first claim (the first beat comes first).
+    const level = lease.beat.isolation;
+    const refused = () => log.logReadCommittedRefused(this.id, level);
+    if (level !== "read committed" && this.#connection.readCommitted(refused)) {
+      this.#completer.writer.readCommitted();
+      log.logReadCommitted(this.id, level);
+    }
     for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
     // After a beat: no worker rescues this one's jobs any more, so what a block cost is known.
     for (const block of this.#blocks.take()) {

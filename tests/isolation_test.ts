@@ -1,0 +1,117 @@
+// A database whose transactions default to a stricter isolation level than read committed
+// (`ALTER DATABASE … SET default_transaction_isolation = 'serializable'`): the worker's own
+// claims and outcome writes still run at read committed, where workers that skip each
+// other's locked rows do not fail against each other; the application's transactions keep
+// the database's level.
+import { Akadze } from "../src/app.ts";
+import { connect, type Sql } from "../src/db.ts";
+import { Completer } from "../src/worker/completer.ts";
+import { assert, assertEquals, assertRejects } from "./assert.ts";
+import { startWorker, waitFor, waitForLockWait, withDatabase, withLogs } from "./_helpers.ts";
+
+/** The database's default level, for sessions opened from now on. */
+async function setDefaultIsolation(
+  sql: Sql,
+  level: "repeatable read" | "serializable",
+): Promise<void> {
+  const [{ db }] = await sql`select current_database() as db`;
+  await sql`alter database ${sql(db)} set default_transaction_isolation = ${
+    sql.unsafe(`'${level}'`)
+  }`;
+}
+
+/** Rolled-back transactions of this database, once no other session is connected to it. */
+async function rollbacksAfterOthersLeft(sql: Sql): Promise<number> {
+  await waitFor(async () => {
+    const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+      where datname = current_database() and pid <> pg_backend_pid()`;
+    return n === 0;
+  }, "the workers' sessions to end");
+  await sql`select pg_stat_force_next_flush()`;
+  const [{ n }] = await sql`select xact_rollback::int as n from pg_stat_database
+    where datname = current_database()`;
+  return n;
+}
+
+Deno.test("under a serializable default, workers claim and write at read committed and nothing is rolled back", async () => {
+  await withDatabase("isolation_drain", async (db, sql) => {
+    await setDefaultIsolation(sql, "serializable");
+    const jobs = 4_000;
+    await sql`insert into akadze.jobs (task) select 'work' from generate_series(1, ${jobs}::int)`;
+    const runs = new Map<string, number>();
+    const apps = [1, 2, 3, 4].map(() => new Akadze({ databaseUrl: db.url, max: 4 }));
+    const before = await rollbacksAfterOthersLeft(sql);
+    const records = await withLogs(async () => {
+      try {
+        for (const app of apps) {
+          app.task("work", (_args: unknown, ctx) => {
+            runs.set(ctx.job.id, (runs.get(ctx.job.id) ?? 0) + 1);
+          });
+        }
+        const workers = apps.map((app) => startWorker(app, { slots: 20, schedules: false }));
+        await waitFor(
+          async () => {
+            const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+            where state = 'succeeded'`;
+            return n === jobs;
+          },
+          "every job to succeed",
+          60_000,
+        );
+        // The application's own transactions keep the database's level.
+        const [{ level }] = await apps[0]
+          .sql`select current_setting('transaction_isolation') as level`;
+        assertEquals(level, "serializable");
+        await Promise.all(workers.map((w) => w.stop()));
+      } finally {
+        await Promise.all(apps.map((app) => app.close()));
+      }
+    });
+    assertEquals(runs.size, jobs);
+    assertEquals([...runs.values()].filter((n) => n > 1).length, 0, "a job ran twice");
+    // Serializable claims and writes failed against each other (hundreds of rollbacks in a
+    // drain like this one), each retried after a pause.
+    assertEquals(await rollbacksAfterOthersLeft(sql) - before, 0, "transactions rolled back");
+    const said = records.filter((r) => r.properties.event === "read_committed");
+    assertEquals(said.length, apps.length, "each worker says so once");
+    assertEquals(said[0].properties.level, "serializable");
+  });
+});
+
+Deno.test("an outcome write at read committed goes through a change committed while it waited", async () => {
+  await withDatabase("isolation_write", async (db, sql) => {
+    await setDefaultIsolation(sql, "repeatable read");
+    const write = async (readCommitted: boolean) => {
+      const [{ id }] = await sql`insert into akadze.jobs (task, state, worker_id, run_count,
+          started_at) values ('work', 'running', 'w1', 1, now()) returning id::text as id`;
+      // Another session requests the job's cancellation and holds the row until told.
+      const other = connect(db.url, { max: 1 });
+      const one = connect(db.url, { max: 1 });
+      try {
+        let release!: () => void;
+        const held = other.begin(async (tx) => {
+          await tx`update akadze.jobs set cancel_requested_at = now() where id = ${id}`;
+          await new Promise<void>((r) => release = r);
+        });
+        await waitFor(() => release !== undefined, "the other session to hold the row");
+        const completer = new Completer(one, "akadze", []);
+        if (readCommitted) completer.readCommitted();
+        const written = completer.write([{ id, runCount: 1, kind: "succeeded" }]);
+        await waitForLockWait(sql, "the write to wait for the row");
+        release();
+        await held;
+        return { id, result: await written };
+      } finally {
+        await other.end();
+        await one.end();
+      }
+    };
+    // At the session's repeatable read, the row changed after the write's snapshot.
+    const error = await assertRejects(() => write(false)) as { code?: string };
+    assertEquals(error.code, "40001");
+    const { id, result } = await write(true);
+    assertEquals(result.written.map((r) => [r.id, r.state]), [[id, "cancelled"]]);
+    const [row] = await sql`select state from akadze.jobs where id = ${id}`;
+    assert(row.state === "cancelled", `the job is ${row.state}`);
+  });
+});
