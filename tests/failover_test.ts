@@ -63,6 +63,18 @@ async function failover(attrs: "read-write" | "primary"): Promise<void> {
           async () => await countJobs(onStandby, "succeeded") >= 20,
           "jobs to flow before the crash",
         );
+        // Each worker beat on the first primary (on a loaded machine one may start late, and
+        // a first beat on the new primary has no server to compare with).
+        await waitFor(
+          () =>
+            workers.every((w) =>
+              records.some((r) =>
+                r.properties.event === "worker_registered" &&
+                r.properties.workerId === w.worker.id
+              )
+            ),
+          "each worker's first beat",
+        );
         await crash(primary);
         const crashedAt = records.length;
         if (attrs === "read-write") {

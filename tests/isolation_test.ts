@@ -96,11 +96,17 @@ Deno.test("an outcome write at read committed goes through a change committed wh
         await waitFor(() => release !== undefined, "the other session to hold the row");
         const completer = new Completer(one, "akadze", []);
         if (readCommitted) completer.readCommitted();
-        const written = completer.write([{ id, runCount: 1, kind: "succeeded" }]);
+        // Settled either way before it is awaited: it may fail while the other session ends.
+        const written = completer.write([{ id, runCount: 1, kind: "succeeded" }]).then(
+          (result) => ({ result }),
+          (error: unknown) => ({ error }),
+        );
         await waitForLockWait(sql, "the write to wait for the row");
         release();
         await held;
-        return { id, result: await written };
+        const settled = await written;
+        if ("error" in settled) throw settled.error;
+        return { id, result: settled.result };
       } finally {
         await other.end();
         await one.end();
