@@ -7,10 +7,9 @@
  *
  * It is a postgres.js instance of one connection with the pool's own settings (server,
  * credentials, TLS, timeouts), opened on first use, reopened after it was reset or closed.
- * Where the database's default isolation level is another (a team that set
- * `default_transaction_isolation` to `serializable`), {@linkcode LoopConnection.readCommitted}
- * reopens it at read committed: the claims' `FOR UPDATE SKIP LOCKED` and the counts of a
- * limit key's running jobs are written for it (each statement sees what has committed).
+ * Where the database's session defaults are not what the worker's statements need (see
+ * worker/session_settings.ts), {@linkcode LoopConnection.use} reopens it with startup
+ * parameters that set them for this connection only.
  *
  * @module
  */
@@ -31,8 +30,10 @@ export class LoopConnection {
   #current: Sql | null = null;
   /** The statements made since {@linkcode LoopConnection.forget}. */
   #made = new Set<unknown>();
-  #readCommitted = false;
-  #onRefused: (() => void) | null = null;
+  /** Startup parameters of the connections it opens, and those a pooler refused. */
+  #settings: Record<string, string> = {};
+  #refused = new Set<string>();
+  #onRefused: ((name: string) => void) | null = null;
 
   /** Derive a loop connection from a pool (nothing is opened until it is used). */
   constructor(source: Sql) {
@@ -77,20 +78,27 @@ export class LoopConnection {
   }
 
   /**
-   * From now on, open the connection with the session default `read committed` (a startup
-   * parameter), and close the current one, letting its statement finish for a moment. Returns
-   * false when that was done already. Nothing changes where the pool is not one this can
-   * derive a connection from. A connection pooler may refuse the parameter (PgBouncer knows
-   * only a few): the connection then goes on without it, and `onRefused` is called.
+   * From now on, open the connection with these startup parameters too, and close the current
+   * one, letting its statement finish for a moment. Returns false when it has them already
+   * (or a pooler refused them). Nothing changes where the pool is not one this can derive a
+   * connection from. A connection pooler may refuse a parameter (PgBouncer passes on only a
+   * few): the connection then goes on without it, and `onRefused` is told its name.
    */
-  readCommitted(onRefused?: () => void): boolean {
-    if (this.#readCommitted) return false;
-    this.#readCommitted = true;
+  use(settings: Record<string, string>, onRefused?: (name: string) => void): boolean {
+    const added = Object.entries(settings).filter(([name, value]) =>
+      !this.#refused.has(name) && this.#settings[name] !== value
+    );
+    if (added.length === 0) return false;
+    Object.assign(this.#settings, Object.fromEntries(added));
     this.#onRefused = onRefused ?? null;
+    this.#drop();
+    return true;
+  }
+
+  #drop(): void {
     const old = this.#current;
     this.#current = null;
     if (old) void end(this.#source, old, CLOSE_TIMEOUT);
-    return true;
   }
 
   /** Close the current connection, letting a running statement finish for a moment. */
@@ -110,21 +118,20 @@ export class LoopConnection {
     const sql = postgres({
       ...options,
       max: 1,
-      ...(this.#readCommitted
-        ? { connection: { ...connection, default_transaction_isolation: "read committed" } }
-        : {}),
+      connection: { ...connection, ...this.#settings },
       onnotify: undefined,
       onclose: undefined,
     } as unknown as postgres.Options<Record<string, never>>) as unknown as Sql;
-    // The first statement on it: where the parameter is refused, the statements queued
-    // behind it fail with the same (transient) error, and the next use opens one without.
-    if (this.#readCommitted) {
+    // The first statement on it: where a parameter is refused, the statements queued behind
+    // it fail with the same (transient) error, and the next use opens one without it.
+    if (Object.keys(this.#settings).length > 0) {
       sql`select 1`.catch((error) => {
-        if (!isRefusedParameter(error) || !this.#readCommitted) return;
-        this.#readCommitted = false;
-        if (this.#current === sql) this.#current = null;
-        void end(this.#source, sql, 0);
-        this.#onRefused?.();
+        const name = refusedParameter(error);
+        if (name === null || !(name in this.#settings)) return;
+        delete this.#settings[name];
+        this.#refused.add(name);
+        if (this.#current === sql) this.#drop();
+        this.#onRefused?.(name);
       });
     }
     let set = opened.get(this.#source);
@@ -134,9 +141,10 @@ export class LoopConnection {
   }
 }
 
-/** A pooler's refusal of a startup parameter it does not pass on (PgBouncer's words). */
-function isRefusedParameter(error: unknown): boolean {
-  return /unsupported startup parameter/i.test(String((error as Error)?.message));
+/** The name in a pooler's refusal of a startup parameter (PgBouncer's words), or null. */
+function refusedParameter(error: unknown): string | null {
+  const found = /unsupported startup parameter:\s*(\S+)/i.exec(String((error as Error)?.message));
+  return found ? found[1] : null;
 }
 
 /** End every loop connection derived from `source` that is still open (the app closes). */

@@ -21,9 +21,8 @@ Deno.test("the heartbeat registers the worker and re-registers it when its row i
       cancelRequested: [],
       running: [],
       server: undefined,
-      // The level its own statements run at (the worker reopens its connection at read
-      // committed when it is another).
-      isolation: "read committed",
+      // The settings the worker's statements depend on (session_settings.ts).
+      session: { isolation: "read committed", dateStyle: "ISO, MDY", floatDigits: 1 },
     });
     // The server that answered, so that a failover or restart shows in the log.
     assertEquals(beat.server.address, `127.0.0.1:${new URL(db.url).port}`);

@@ -215,7 +215,10 @@ Deno.test({
         });
         // PgBouncer refuses a startup parameter it does not know: the worker's own
         // connection goes on at the database's level, and says so.
-        assertEquals(events(records, "read_committed_refused").length, 1);
+        assertEquals(
+          events(records, "session_setting_refused").map((r) => r.properties.name),
+          ["default_transaction_isolation"],
+        );
       } finally {
         await app.close();
       }

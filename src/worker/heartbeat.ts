@@ -6,6 +6,7 @@
  *
  * @module
  */
+import type { SessionReport } from "./session_settings.ts";
 import { describeError, isReadOnlyError, isTransientError, quoteSchema, type Sql } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
 import {
@@ -88,8 +89,8 @@ export interface BeatResult {
    * when its postmaster started, so a failover or restart the driver absorbed can be told.
    */
   server: { address: string; startedAt: string };
-  /** The isolation level of the beat's own transaction, as the server names it. */
-  isolation: string;
+  /** The settings of the beat's session the worker depends on (session_settings.ts). */
+  session: SessionReport;
 }
 
 /** Keeps one worker's row alive. */
@@ -156,7 +157,9 @@ export class Heartbeat {
                operator(pg_catalog.||)
                pg_catalog.inet_server_port(), 'local') as server_address,
              pg_catalog.pg_postmaster_start_time()::pg_catalog.text as server_started_at,
-             pg_catalog.current_setting('transaction_isolation') as isolation
+             pg_catalog.current_setting('transaction_isolation') as isolation,
+             pg_catalog.current_setting('DateStyle') as date_style,
+             pg_catalog.current_setting('extra_float_digits') as float_digits
         from hb`;
     this.#beat = beat(false);
     this.#beatScan = beat(true);
@@ -213,7 +216,11 @@ export class Heartbeat {
       cancelRequested: row.cancel,
       running,
       server: { address: row.server_address, startedAt: row.server_started_at },
-      isolation: row.isolation,
+      session: {
+        isolation: row.isolation,
+        dateStyle: row.date_style,
+        floatDigits: Number(row.float_digits),
+      },
     };
   }
 

@@ -6,6 +6,7 @@
  *
  * @module
  */
+import type { SessionReport } from "./session_settings.ts";
 import type { SpanContext } from "@opentelemetry/api";
 import { describeError } from "../db.ts";
 import { CONNECTIONS_END_HINT } from "../driver_guard.ts";
@@ -470,29 +471,32 @@ export function logRegistered(workerId: string): void {
 }
 
 /**
- * `read_committed`: the database runs transactions at another isolation level by default; the
- * worker's own statements go on at read committed.
+ * `session_settings`: the database's session defaults differ from what the worker's own
+ * statements need; its loop's connection sets them for itself.
  */
-export function logReadCommitted(workerId: string, level: string): void {
+export function logSessionSettings(
+  workerId: string,
+  session: SessionReport,
+  settings: Record<string, string>,
+): void {
   log.info(
-    "the database runs transactions at {level} by default; worker {workerId} runs its own " +
-      "claims and outcome writes at read committed, where workers do not fail against each " +
-      "other (your transactions keep {level})",
-    { event: "read_committed", workerId, level },
+    "worker {workerId} opens its own connection with {settings}: the database's defaults " +
+      "(isolation {isolation}, DateStyle {dateStyle}, extra_float_digits {floatDigits}) would " +
+      "make claims fail against each other or misread times; your sessions keep them",
+    { event: "session_settings", workerId, settings, ...session },
   );
 }
 
 /**
- * `read_committed_refused`: a connection pooler refused to open the worker's own connection at
- * read committed; its claims run at the database's level.
+ * `session_setting_refused`: a connection pooler refused a setting on the worker's own
+ * connection; the worker goes on without it.
  */
-export function logReadCommittedRefused(workerId: string, level: string): void {
+export function logSessionSettingRefused(workerId: string, name: string): void {
   log.warn(
-    "the connection pooler refused to open worker {workerId}'s connection at read committed: " +
-      "its claims run at {level}, where workers fail against each other and retry. Give the " +
-      "workers' role read committed: ALTER ROLE … SET default_transaction_isolation = " +
-      "'read committed'",
-    { event: "read_committed_refused", workerId, level },
+    "the connection pooler refused the setting {name} on worker {workerId}'s own connection; " +
+      "the worker goes on without it. Set it for the workers' role instead (ALTER ROLE … SET " +
+      "{name} = …; see the production guide)",
+    { event: "session_setting_refused", workerId, name },
   );
 }
 

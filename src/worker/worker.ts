@@ -24,6 +24,7 @@ import { Executor } from "./executor.ts";
 import { HandOffSlots } from "./hand_off_slots.ts";
 import { Heartbeat, hostName, touchHeartbeatFile } from "./heartbeat.ts";
 import { LISTEN_TIMEOUT_DEFAULT, Listener } from "./listener.ts";
+import { neededSettings } from "./session_settings.ts";
 import * as log from "./log_events.ts";
 import { LoopBlocks } from "./loop_blocks.ts";
 import { installProcessGuard } from "./process_guard.ts";
@@ -602,15 +603,14 @@ export class Worker {
     }
     if (lease.kind === "lost") return { code: 1, reason: "heartbeat_lost", message: lease.message };
     if (lease.kind === "failed") return null;
-    // A database whose default level is higher: claims that skip each other's locked rows,
-    // and the count of a limit key's running jobs after its row is locked, need each
-    // statement to see what has committed. The loop's connection is reopened at read
-    // committed before the first claim (the first beat comes first).
-    const level = lease.beat.isolation;
-    const refused = () => log.logReadCommittedRefused(this.id, level);
-    if (level !== "read committed" && this.#connection.readCommitted(refused)) {
-      this.#completer.writer.readCommitted();
-      log.logReadCommitted(this.id, level);
+    // Session defaults the worker's statements cannot work with (session_settings.ts): the
+    // loop's connection is reopened with them set, before the first claim (the first beat
+    // comes first); outcome writes run in read committed transactions.
+    const settings = neededSettings(lease.beat.session);
+    const refused = (name: string) => log.logSessionSettingRefused(this.id, name);
+    if (this.#connection.use(settings, refused)) {
+      if (settings.default_transaction_isolation) this.#completer.writer.readCommitted();
+      log.logSessionSettings(this.id, lease.beat.session, settings);
     }
     for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
     // After a beat: no worker rescues this one's jobs any more, so what a block cost is known.

@@ -1,23 +1,20 @@
-// A database whose transactions default to a stricter isolation level than read committed
-// (`ALTER DATABASE … SET default_transaction_isolation = 'serializable'`): the worker's own
-// claims and outcome writes still run at read committed, where workers that skip each
-// other's locked rows do not fail against each other; the application's transactions keep
-// the database's level.
+// A database whose session defaults are not what the worker's statements need (`ALTER
+// DATABASE … SET`): transactions at serializable, where workers that skip each other's locked
+// rows fail against each other; fewer float digits, which round the epoch times of claims and
+// schedules; a DateStyle postgres.js cannot read. The worker's own connection sets them for
+// itself, its outcome writes run at read committed, and the application's sessions keep the
+// database's defaults.
 import { Akadze } from "../src/app.ts";
 import { connect, type Sql } from "../src/db.ts";
 import { Completer } from "../src/worker/completer.ts";
+import { neededSettings } from "../src/worker/session_settings.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
 import { startWorker, waitFor, waitForLockWait, withDatabase, withLogs } from "./_helpers.ts";
 
-/** The database's default level, for sessions opened from now on. */
-async function setDefaultIsolation(
-  sql: Sql,
-  level: "repeatable read" | "serializable",
-): Promise<void> {
+/** A default of the database, for sessions opened from now on. */
+async function setDefault(sql: Sql, name: string, value: string): Promise<void> {
   const [{ db }] = await sql`select current_database() as db`;
-  await sql`alter database ${sql(db)} set default_transaction_isolation = ${
-    sql.unsafe(`'${level}'`)
-  }`;
+  await sql`alter database ${sql(db)} set ${sql.unsafe(name)} = ${sql.unsafe(`'${value}'`)}`;
 }
 
 /** Rolled-back transactions of this database, once no other session is connected to it. */
@@ -35,7 +32,7 @@ async function rollbacksAfterOthersLeft(sql: Sql): Promise<number> {
 
 Deno.test("under a serializable default, workers claim and write at read committed and nothing is rolled back", async () => {
   await withDatabase("isolation_drain", async (db, sql) => {
-    await setDefaultIsolation(sql, "serializable");
+    await setDefault(sql, "default_transaction_isolation", "serializable");
     const jobs = 4_000;
     await sql`insert into akadze.jobs (task) select 'work' from generate_series(1, ${jobs}::int)`;
     const runs = new Map<string, number>();
@@ -72,15 +69,16 @@ Deno.test("under a serializable default, workers claim and write at read committ
     // Serializable claims and writes failed against each other (hundreds of rollbacks in a
     // drain like this one), each retried after a pause.
     assertEquals(await rollbacksAfterOthersLeft(sql) - before, 0, "transactions rolled back");
-    const said = records.filter((r) => r.properties.event === "read_committed");
+    const said = records.filter((r) => r.properties.event === "session_settings");
     assertEquals(said.length, apps.length, "each worker says so once");
-    assertEquals(said[0].properties.level, "serializable");
+    assertEquals(said[0].properties.isolation, "serializable");
+    assertEquals(said[0].properties.settings, { default_transaction_isolation: "read committed" });
   });
 });
 
 Deno.test("an outcome write at read committed goes through a change committed while it waited", async () => {
   await withDatabase("isolation_write", async (db, sql) => {
-    await setDefaultIsolation(sql, "repeatable read");
+    await setDefault(sql, "default_transaction_isolation", "repeatable read");
     const write = async (readCommitted: boolean) => {
       const [{ id }] = await sql`insert into akadze.jobs (task, state, worker_id, run_count,
           started_at) values ('work', 'running', 'w1', 1, now()) returning id::text as id`;
@@ -119,5 +117,63 @@ Deno.test("an outcome write at read committed goes through a change committed wh
     assertEquals(result.written.map((r) => [r.id, r.state]), [[id, "cancelled"]]);
     const [row] = await sql`select state from akadze.jobs where id = ${id}`;
     assert(row.state === "cancelled", `the job is ${row.state}`);
+  });
+});
+
+Deno.test("the settings a session needs: read committed, ISO dates, at least 15 float digits", () => {
+  const fine = { isolation: "read committed", dateStyle: "ISO, DMY", floatDigits: 0 };
+  assertEquals(neededSettings(fine), {});
+  assertEquals(neededSettings({ ...fine, isolation: "repeatable read" }), {
+    default_transaction_isolation: "read committed",
+  });
+  assertEquals(neededSettings({ ...fine, dateStyle: "SQL, DMY" }), { DateStyle: "ISO" });
+  assertEquals(neededSettings({ ...fine, dateStyle: "German, DMY" }), { DateStyle: "ISO" });
+  assertEquals(neededSettings({ ...fine, floatDigits: -1 }), { extra_float_digits: "1" });
+  assertEquals(neededSettings({ ...fine, floatDigits: NaN }), { extra_float_digits: "1" });
+});
+
+Deno.test("with fewer float digits and another DateStyle by default, claimed jobs and schedules keep their times", async () => {
+  await withDatabase("session_times", async (db, sql) => {
+    await setDefault(sql, "extra_float_digits", "-15");
+    await setDefault(sql, "DateStyle", "SQL, DMY");
+    const app = new Akadze({ databaseUrl: db.url, max: 2 });
+    const seen: { runAt: Date; createdAt: Date }[] = [];
+    app.task("work", (_args: unknown, ctx) => {
+      seen.push({ runAt: ctx.job.runAt, createdAt: ctx.job.createdAt });
+    });
+    app.periodic("tick", { every: 60_000 }, () => {});
+    try {
+      const records = await withLogs(async () => {
+        const worker = startWorker(app, { schedules: true });
+        try {
+          await app.sql`select 1`;
+          const [{ id, created }] = await sql`insert into akadze.jobs (task) values ('work')
+            returning id::text as id, (extract(epoch from created_at) * 1000)::bigint::text as created`;
+          await waitFor(() => seen.length === 1, "the job to run");
+          // Times as the database has them, to the millisecond (-15 float digits rounded them
+          // to another day: 2033 for an epoch in milliseconds).
+          assert(
+            Math.abs(seen[0].createdAt.getTime() - Number(created)) <= 1,
+            `createdAt ${seen[0].createdAt.toISOString()} of job ${id}`,
+          );
+          // The schedule's first fire runs now (read with rounded epoch numbers, it was due in
+          // 2033, and the schedule silent until then).
+          await waitFor(async () => {
+            const [{ n }] = await sql`select count(*)::int as n from akadze.jobs
+              where task = 'tick' and state = 'succeeded'`;
+            return n === 1;
+          }, "the schedule's first fire to run");
+        } finally {
+          await worker.stop();
+        }
+      });
+      const said = records.filter((r) => r.properties.event === "session_settings");
+      assertEquals(said.map((r) => r.properties.settings), [{
+        DateStyle: "ISO",
+        extra_float_digits: "1",
+      }]);
+    } finally {
+      await app.close();
+    }
   });
 });
