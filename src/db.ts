@@ -63,6 +63,12 @@ export function connect(
      * one.
      */
     connectTimeout?: number;
+    /**
+     * Server settings for these connections alone, sent as each connects (startup
+     * parameters), e.g. `{ DateStyle: "ISO" }`. A connection pooler may refuse those it
+     * does not pass on (PgBouncer passes `DateStyle`, `TimeZone` and a few more).
+     */
+    settings?: Record<string, string>;
   } = {},
 ): Sql {
   if (typeof databaseUrl !== "string" || !/^postgres(ql)?:\/\//.test(databaseUrl)) {
@@ -134,7 +140,7 @@ function newPool(databaseUrl: string, options: NonNullable<Parameters<typeof con
     // Seconds, jittered, at most one.
     backoff: (retries: number) => (0.5 + Math.random() / 2) * Math.min(0.05 * 2 ** retries, 1),
     onnotice: () => {},
-    connection: { application_name: options.applicationName ?? "akadze" },
+    connection: { ...options.settings, application_name: options.applicationName ?? "akadze" },
     // A server that is not PostgreSQL fails the query at once instead of hanging it
     // (postgres.js takes the option; its types do not list it).
     ...{ socket: openSocket } as Record<never, never>,

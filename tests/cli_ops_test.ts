@@ -1044,3 +1044,17 @@ Deno.test("text output shows terminal escapes held in the database as \\x escape
     ]);
   });
 });
+
+Deno.test("jobs list and jobs show read times right on a database whose DateStyle is not ISO", async () => {
+  await withApp("cli_ops_datestyle", async (_app, sql, db) => {
+    const [{ name }] = await sql`select current_database() as name`;
+    await sql`alter database ${sql(name)} set DateStyle = 'SQL, DMY'`;
+    const env = { AKADZE_DATABASE_URL: db.url };
+    const id = await insertJob(sql, { task: "send", run_at: new Date("2026-12-07T10:11:12Z") });
+    const listed = JSON.parse((await runCli(["jobs", "list", "--json"], env)).stdout);
+    // Read in that style, the 7th of December was the 12th of July.
+    assertEquals(listed.map((j: { runAt: string }) => j.runAt), ["2026-12-07T10:11:12.000Z"]);
+    const shown = JSON.parse((await runCli(["jobs", "show", id, "--json"], env)).stdout);
+    assertEquals(shown.runAt, "2026-12-07T10:11:12.000Z");
+  });
+});

@@ -69,7 +69,14 @@ export function schemaFlag(value: string | undefined): string {
  */
 export async function withSql<T>(fn: (sql: Sql) => Promise<T>): Promise<T> {
   const url = databaseUrl();
-  const sql = connect(url, { max: 1, applicationName: "akadze-cli", idleTimeout: 5 });
+  const sql = connect(url, {
+    max: 1,
+    applicationName: "akadze-cli",
+    idleTimeout: 5,
+    // postgres.js reads timestamps in the ISO style only (a database's `SQL, DMY` would show
+    // the 7th of December as the 12th of July); the CLI sends none but ISO ones.
+    settings: { DateStyle: "ISO" },
+  });
   try {
     return await fn(sql);
   } finally {

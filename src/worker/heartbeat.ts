@@ -6,9 +6,9 @@
  *
  * @module
  */
-import type { SessionReport } from "./session_settings.ts";
 import { describeError, isReadOnlyError, isTransientError, quoteSchema, type Sql } from "../db.ts";
 import { AkadzeError } from "../errors.ts";
+import type { SessionReport } from "./session_settings.ts";
 import {
   logHeartbeatFailed,
   logHeartbeatFileFailed,

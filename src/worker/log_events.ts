@@ -6,7 +6,6 @@
  *
  * @module
  */
-import type { SessionReport } from "./session_settings.ts";
 import type { SpanContext } from "@opentelemetry/api";
 import { describeError } from "../db.ts";
 import { CONNECTIONS_END_HINT } from "../driver_guard.ts";
@@ -17,6 +16,7 @@ import type { Outcome } from "./completer.ts";
 import type { WrittenRow } from "./completer.ts";
 import type { JobRow } from "./job_row.ts";
 import type { Stray } from "./process_guard.ts";
+import type { SessionReport } from "./session_settings.ts";
 
 const log = logger("worker");
 const scheduleLog = logger("schedule");
