@@ -93,7 +93,7 @@ Deno.test("an outcome write at read committed goes through a change committed wh
         });
         await waitFor(() => release !== undefined, "the other session to hold the row");
         const completer = new Completer(one, "akadze", []);
-        if (readCommitted) completer.readCommitted();
+        if (readCommitted) completer.use({ default_transaction_isolation: "read committed" });
         // Settled either way before it is awaited: it may fail while the other session ends.
         const written = completer.write([{ id, runCount: 1, kind: "succeeded" }]).then(
           (result) => ({ result }),
@@ -137,25 +137,40 @@ Deno.test("with fewer float digits and another DateStyle by default, claimed job
     await setDefault(sql, "extra_float_digits", "-15");
     await setDefault(sql, "DateStyle", "SQL, DMY");
     const app = new Akadze({ databaseUrl: db.url, max: 2 });
-    const seen: { runAt: Date; createdAt: Date }[] = [];
+    const seen = new Map<string, Date>();
     app.task("work", (_args: unknown, ctx) => {
-      seen.push({ runAt: ctx.job.runAt, createdAt: ctx.job.createdAt });
+      seen.set(ctx.job.id, ctx.job.createdAt);
     });
     app.periodic("tick", { every: 60_000 }, () => {});
     try {
       const records = await withLogs(async () => {
         const worker = startWorker(app, { schedules: true });
         try {
-          await app.sql`select 1`;
-          const [{ id, created }] = await sql`insert into akadze.jobs (task) values ('work')
-            returning id::text as id, (extract(epoch from created_at) * 1000)::bigint::text as created`;
-          await waitFor(() => seen.length === 1, "the job to run");
+          // Jobs of a key that runs one at a time: the first is claimed, each next one handed
+          // over by the outcome write of the one before (on the app's pool, not the loop's).
+          await sql`insert into akadze.limits (key, max_running) values ('one', 1)`;
+          const created = new Map(
+            (await sql`insert into akadze.jobs (task, limit_key)
+              select 'work', 'one' from generate_series(1, 4)
+              returning id::text as id,
+                        (extract(epoch from created_at) * 1000)::bigint::text as ms`)
+              .map((r) => [r.id as string, Number(r.ms)]),
+          );
+          await waitFor(() => seen.size === created.size, "the jobs to run");
           // Times as the database has them, to the millisecond (-15 float digits rounded them
           // to another day: 2033 for an epoch in milliseconds).
-          assert(
-            Math.abs(seen[0].createdAt.getTime() - Number(created)) <= 1,
-            `createdAt ${seen[0].createdAt.toISOString()} of job ${id}`,
-          );
+          for (const [id, ms] of created) {
+            const got = seen.get(id)!;
+            assert(
+              Math.abs(got.getTime() - ms) <= 1,
+              `createdAt ${got.toISOString()} of job ${id}`,
+            );
+          }
+          // Each next job started in the write that ended the one before (handed over).
+          const handed = await sql`select j.started_at = p.finished_at as handed
+            from akadze.jobs j join akadze.jobs p on p.id = j.id - 1
+           where j.limit_key = 'one' and p.limit_key = 'one' order by j.id`;
+          assertEquals(handed.map((r) => r.handed), [true, true, true]);
           // The schedule's first fire runs now (read with rounded epoch numbers, it was due in
           // 2033, and the schedule silent until then).
           await waitFor(async () => {

@@ -104,8 +104,12 @@ export class Completer {
   #plainText: string;
   #rowsText: string;
   #deleteText: string | null;
-  /** How its own transactions begin: at read committed where the pool defaults to another. */
-  #begin = "";
+  /**
+   * Where the pool's sessions lack settings the worker needs (session_settings.ts): how each
+   * write's transaction begins, and the statement that sets the rest for the transaction.
+   */
+  #begin: string | null = null;
+  #local: { text: string; values: string[] } | null = null;
 
   /**
    * Make a completer on a pool. With `deleteSucceeded` (the app's `retention: 0`, no
@@ -129,12 +133,30 @@ export class Completer {
   }
 
   /**
-   * Write each batch in a transaction that runs at read committed: the pool's connections
-   * default to another level, at which the writes of several workers would fail against each
-   * other (a serialization failure, retried after a pause).
+   * Write each batch in a transaction with these settings (session_settings.ts), the pool's
+   * sessions defaulting to others: at its isolation level (at serializable the writes of
+   * several workers would fail against each other), with the rest set for the transaction
+   * alone (`set_config(…, true)`: a pooler's other clients never see them).
    */
-  readCommitted(): void {
-    this.#begin = "isolation level read committed";
+  use(settings: Record<string, string>): void {
+    const { default_transaction_isolation: level, ...rest } = settings;
+    this.#begin = level ? `isolation level ${level}` : "";
+    const names = Object.keys(rest);
+    this.#local = names.length === 0 ? null : {
+      text: `select ${
+        names.map((_, i) => `pg_catalog.set_config($${2 * i + 1}, $${2 * i + 2}, true)`).join(", ")
+      }`,
+      values: names.flatMap((name) => [name, rest[name]]),
+    };
+  }
+
+  /** `fn` in a transaction of its own, with the settings of {@linkcode Completer.use}. */
+  async #inTransaction<T>(fn: (tx: TransactionSql) => Promise<T>): Promise<T> {
+    const local = this.#local;
+    return await this.#sql.begin(this.#begin ?? "", async (tx) => {
+      if (local) await tx.unsafe(local.text, local.values);
+      return await fn(tx);
+    }) as T;
   }
 
   /**
@@ -162,8 +184,8 @@ export class Completer {
       const handed: ClaimedJob[] = [];
       const write = (tx: Sql | TransactionSql) =>
         this.#short(outcomes, tx, offer, handed, options.plain);
-      const written = this.#begin
-        ? await this.#sql.begin(this.#begin, write) as WrittenRow[]
+      const written = this.#begin !== null
+        ? await this.#inTransaction(write)
         : await write(this.#sql);
       return this.#result(outcomes, written, [], handed);
     }
@@ -232,9 +254,7 @@ export class Completer {
       return [...deleted, ...await this.#short(outcomes.filter((o) => !gone.has(o.id)), tx)];
     };
     const mixed = succeeded.length < outcomes.length;
-    return mixed || this.#begin
-      ? await this.#sql.begin(this.#begin, run) as WrittenRow[]
-      : await run(this.#sql);
+    return mixed || this.#begin !== null ? await this.#inTransaction(run) : await run(this.#sql);
   }
 
   #result(

@@ -605,11 +605,11 @@ export class Worker {
     if (lease.kind === "failed") return null;
     // Session defaults the worker's statements cannot work with (session_settings.ts): the
     // loop's connection is reopened with them set, before the first claim (the first beat
-    // comes first); outcome writes run in read committed transactions.
+    // comes first); outcome writes run in transactions that set them.
     const settings = neededSettings(lease.beat.session);
     const refused = (name: string) => log.logSessionSettingRefused(this.id, name);
     if (this.#connection.use(settings, refused)) {
-      if (settings.default_transaction_isolation) this.#completer.writer.readCommitted();
+      this.#completer.writer.use(settings);
       log.logSessionSettings(this.id, lease.beat.session, settings);
     }
     for (const id of lease.beat.cancelRequested) this.#slots.cancel(id);
