@@ -67,9 +67,7 @@ export class LoopConnection {
   reset(): void {
     for (const query of this.#made) cancel(query);
     this.#made.clear();
-    const old = this.#current;
-    this.#current = null;
-    if (old) void end(this.#source, old, 0);
+    void this.#detach(0);
   }
 
   #track<T>(query: T): T {
@@ -91,21 +89,20 @@ export class LoopConnection {
     if (added.length === 0) return false;
     Object.assign(this.#settings, Object.fromEntries(added));
     this.#onRefused = onRefused ?? null;
-    this.#drop();
+    void this.#detach(CLOSE_TIMEOUT);
     return true;
-  }
-
-  #drop(): void {
-    const old = this.#current;
-    this.#current = null;
-    if (old) void end(this.#source, old, CLOSE_TIMEOUT);
   }
 
   /** Close the current connection, letting a running statement finish for a moment. */
   async close(): Promise<void> {
+    await this.#detach(CLOSE_TIMEOUT);
+  }
+
+  /** Let go of the current connection (the next use opens another) and end it (`end`). */
+  #detach(timeout: number): Promise<void> {
     const old = this.#current;
     this.#current = null;
-    if (old) await end(this.#source, old, CLOSE_TIMEOUT);
+    return old ? end(this.#source, old, timeout) : Promise.resolve();
   }
 
   #open(): Sql {
@@ -130,7 +127,7 @@ export class LoopConnection {
         if (name === null || !(name in this.#settings)) return;
         delete this.#settings[name];
         this.#refused.add(name);
-        if (this.#current === sql) this.#drop();
+        if (this.#current === sql) void this.#detach(CLOSE_TIMEOUT);
         this.#onRefused?.(name);
       });
     }
