@@ -60,7 +60,12 @@ try {
     await Promise.all(exits);
     await Promise.all(apps.map((app) => app.close()));
     // The workers' sessions report their counts as they end.
-    await new Promise((r) => setTimeout(r, 1_500));
+    for (;;) {
+      const [{ n }] = await sql`select count(*)::int as n from pg_stat_activity
+        where datname = current_database() and pid <> pg_backend_pid()`;
+      if (n === 0) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
     await sql`select pg_stat_force_next_flush()`;
     const twice = [...runs.values()].filter((n) => n > 1).length;
     console.log(

@@ -183,6 +183,13 @@ export async function withApp(
   });
 }
 
+/** Set a default of `sql`'s database (`ALTER DATABASE … SET`), for sessions opened from now on. */
+export async function setDatabaseDefault(sql: Sql, name: string, value: string): Promise<void> {
+  const [{ db }] = await sql`select current_database() as db`;
+  const literal = `'${value.replaceAll("'", "''")}'`;
+  await sql`alter database ${sql(db)} set ${sql.unsafe(name)} = ${sql.unsafe(literal)}`;
+}
+
 /** Count the jobs in the default schema (in `state` only, when given). */
 export async function countJobs(sql: Sql, state?: string): Promise<number> {
   const [{ n }] = await sql`select count(*)::int as n from akadze.jobs

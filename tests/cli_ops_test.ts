@@ -6,7 +6,7 @@ import { pruneJobs } from "../admin.ts";
 import { AkadzeError } from "../src/errors.ts";
 import { migrate } from "../src/migrate.ts";
 import type { Sql } from "../src/db.ts";
-import { runCli, withApp, withDatabase } from "./_helpers.ts";
+import { runCli, setDatabaseDefault, withApp, withDatabase } from "./_helpers.ts";
 
 type Output = { code: number; stdout: string; stderr: string };
 
@@ -1047,8 +1047,7 @@ Deno.test("text output shows terminal escapes held in the database as \\x escape
 
 Deno.test("jobs list and jobs show read times right on a database whose DateStyle is not ISO", async () => {
   await withApp("cli_ops_datestyle", async (_app, sql, db) => {
-    const [{ name }] = await sql`select current_database() as name`;
-    await sql`alter database ${sql(name)} set DateStyle = 'SQL, DMY'`;
+    await setDatabaseDefault(sql, "DateStyle", "SQL, DMY");
     const env = { AKADZE_DATABASE_URL: db.url };
     const id = await insertJob(sql, { task: "send", run_at: new Date("2026-12-07T10:11:12Z") });
     const listed = JSON.parse((await runCli(["jobs", "list", "--json"], env)).stdout);

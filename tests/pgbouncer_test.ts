@@ -5,7 +5,15 @@ import type { LogRecord } from "@logtape/logtape";
 import { Akadze } from "../src/app.ts";
 import type { Sql } from "../src/db.ts";
 import { assert, assertEquals } from "./assert.ts";
-import { countJobs, startWorker, waitFor, withDatabase, within, withLogs } from "./_helpers.ts";
+import {
+  countJobs,
+  setDatabaseDefault,
+  startWorker,
+  waitFor,
+  withDatabase,
+  within,
+  withLogs,
+} from "./_helpers.ts";
 import { Listener } from "../src/worker/listener.ts";
 import { applyMigrations, knownVersions, migrate, MIGRATIONS } from "../src/migrate.ts";
 import { pgbouncerBinary, startPgBouncer, type ThrowawayPgBouncer } from "./_pgbouncer.ts";
@@ -202,8 +210,7 @@ Deno.test({
   ignore,
   fn: async () => {
     await withPgBouncer("pgbouncer_serializable", async (direct, pooled, sql) => {
-      const [{ db }] = await sql`select current_database() as db`;
-      await sql`alter database ${sql(db)} set default_transaction_isolation = 'serializable'`;
+      await setDatabaseDefault(sql, "default_transaction_isolation", "serializable");
       await sql`insert into akadze.jobs (task) select 'work' from generate_series(1, 200)`;
       const app = new Akadze({ databaseUrl: pooled, listenUrl: direct, max: 4 });
       app.task("work", () => {});

@@ -9,13 +9,14 @@ import { connect, type Sql } from "../src/db.ts";
 import { Completer } from "../src/worker/completer.ts";
 import { neededSettings } from "../src/worker/session_settings.ts";
 import { assert, assertEquals, assertRejects } from "./assert.ts";
-import { startWorker, waitFor, waitForLockWait, withDatabase, withLogs } from "./_helpers.ts";
-
-/** A default of the database, for sessions opened from now on. */
-async function setDefault(sql: Sql, name: string, value: string): Promise<void> {
-  const [{ db }] = await sql`select current_database() as db`;
-  await sql`alter database ${sql(db)} set ${sql.unsafe(name)} = ${sql.unsafe(`'${value}'`)}`;
-}
+import {
+  setDatabaseDefault,
+  startWorker,
+  waitFor,
+  waitForLockWait,
+  withDatabase,
+  withLogs,
+} from "./_helpers.ts";
 
 /** Rolled-back transactions of this database, once no other session is connected to it. */
 async function rollbacksAfterOthersLeft(sql: Sql): Promise<number> {
@@ -32,7 +33,7 @@ async function rollbacksAfterOthersLeft(sql: Sql): Promise<number> {
 
 Deno.test("under a serializable default, workers claim and write at read committed and nothing is rolled back", async () => {
   await withDatabase("isolation_drain", async (db, sql) => {
-    await setDefault(sql, "default_transaction_isolation", "serializable");
+    await setDatabaseDefault(sql, "default_transaction_isolation", "serializable");
     const jobs = 4_000;
     await sql`insert into akadze.jobs (task) select 'work' from generate_series(1, ${jobs}::int)`;
     const runs = new Map<string, number>();
@@ -78,7 +79,7 @@ Deno.test("under a serializable default, workers claim and write at read committ
 
 Deno.test("an outcome write at read committed goes through a change committed while it waited", async () => {
   await withDatabase("isolation_write", async (db, sql) => {
-    await setDefault(sql, "default_transaction_isolation", "repeatable read");
+    await setDatabaseDefault(sql, "default_transaction_isolation", "repeatable read");
     const write = async (readCommitted: boolean) => {
       const [{ id }] = await sql`insert into akadze.jobs (task, state, worker_id, run_count,
           started_at) values ('work', 'running', 'w1', 1, now()) returning id::text as id`;
@@ -134,8 +135,8 @@ Deno.test("the settings a session needs: read committed, ISO dates, at least 15 
 
 Deno.test("with fewer float digits and another DateStyle by default, claimed jobs and schedules keep their times", async () => {
   await withDatabase("session_times", async (db, sql) => {
-    await setDefault(sql, "extra_float_digits", "-15");
-    await setDefault(sql, "DateStyle", "SQL, DMY");
+    await setDatabaseDefault(sql, "extra_float_digits", "-15");
+    await setDatabaseDefault(sql, "DateStyle", "SQL, DMY");
     const app = new Akadze({ databaseUrl: db.url, max: 2 });
     const seen = new Map<string, Date>();
     app.task("work", (_args: unknown, ctx) => {

@@ -11,6 +11,7 @@ import {
   countJobs,
   holdLocks,
   psql,
+  setDatabaseDefault,
   startWorker,
   waitFor,
   waitForJob,
@@ -483,8 +484,7 @@ Deno.test("enqueues of one key while its jobs are claimed and finished: no error
 
 Deno.test("an enqueue without the modes never calls enqueue_keyed: the plain statement, as before", async () => {
   await withApp("unique_plain_path", async (app, sql, db) => {
-    await sql.unsafe(`alter database "${new URL(db.url).pathname.slice(1)}"
-      set track_functions = 'pl'`);
+    await setDatabaseDefault(sql, "track_functions", "pl");
     const t = app.task("t", () => {});
     // One connection, opened after the setting: its calls are counted.
     const one = postgres(db.url, { max: 1, onnotice: () => {} });
